@@ -1,0 +1,1 @@
+"""ingot runtime: engine format, C++ core bindings, executor. Never imports the compiler."""
