@@ -1,0 +1,91 @@
+"""Paged KV cache write and paged attention over a packed variable-length batch, plain torch.
+
+KV cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, Hkv, hd]. Token t of a
+sequence lives in block block_table[t // block_size] at offset t % block_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter k, v: [T, Hkv, hd] into the caches at flat slots [T] (block * block_size + off)."""
+    nb, bs = k_cache.shape[:2]
+    slots = slot_mapping.long()
+    k_cache.view(nb * bs, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
+    v_cache.view(nb * bs, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's first `length` cached tokens: [length, Hkv, hd]."""
+    bs = cache.shape[1]
+    n_blocks = (length + bs - 1) // bs
+    blocks = cache[block_table[:n_blocks].long()]  # [n, bs, Hkv, hd]
+    return blocks.reshape(n_blocks * bs, *cache.shape[2:])[:length]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its whole cached context.
+
+    q: [T, Hq, hd] packed; sequence b owns rows query_start_loc[b]:query_start_loc[b+1], which
+    are its last positions (context_lens[b] - q_len ... context_lens[b] - 1). The KV of those
+    positions must already be written. GQA: Hq is a multiple of Hkv.
+    sliding_window: a query at position i sees keys j with i - sliding_window < j <= i.
+    Returns [T, Hq, hd] in q.dtype.
+    """
+    out = torch.empty_like(q)
+    hq = q.shape[1]
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    for b, ctx in enumerate(lens):
+        q0, q1 = starts[b], starts[b + 1]
+        if q1 == q0:
+            continue
+        # NOTE: 4-D with a batch of one: CPU SDPA takes another kernel for 3-D inputs.
+        k = gather_kv(k_cache, block_tables[b], ctx).to(q.dtype).transpose(0, 1)[None].contiguous()
+        v = gather_kv(v_cache, block_tables[b], ctx).to(q.dtype).transpose(0, 1)[None].contiguous()
+        qb = q[q0:q1].transpose(0, 1)[None]  # [1, Hq, n, hd]
+        n = q1 - q0
+        gqa = hq != k.shape[1]
+        if sliding_window is None or ctx <= sliding_window:
+            # NOTE: the two mask-free SDPA calls a plain causal model makes (whole prompt;
+            # one new token), so results match transformers bit for bit where it can.
+            if n == ctx or n == 1:
+                o = F.scaled_dot_product_attention(
+                    qb, k, v, is_causal=n > 1, scale=scale, enable_gqa=gqa
+                )
+                out[q0:q1] = o[0].transpose(0, 1)
+                continue
+        qpos = torch.arange(ctx - n, ctx)[:, None]
+        kpos = torch.arange(ctx)[None, :]
+        mask = kpos <= qpos
+        if sliding_window is not None:
+            mask &= kpos > qpos - sliding_window
+        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[q0:q1] = o[0].transpose(0, 1)
+    return out
+
+
+def make_write_kv(tactic=None):
+    return write_kv
+
+
+def make_paged_attention(tactic=None):
+    return paged_attention
