@@ -1,0 +1,3 @@
+"""HF -> ingot checkpoint conversion, the checkpoint format, and (later) the engine build."""
+
+from __future__ import annotations

@@ -1,0 +1,66 @@
+"""Write an output directory atomically: a failed or interrupted command leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ingot.runtime.errors import OutputExistsError
+
+
+def _is_nonempty(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+@contextmanager
+def atomic_output_dir(path: Path, force: bool, what: str) -> Iterator[Path]:
+    """Yield a temp dir next to `path`; on success rename it into place.
+
+    Refuses (OutputExistsError) if `path` is a file, or a non-empty dir and not `force`. The old
+    dir is replaced only after the new one is complete, so a failure never clobbers a good
+    artifact. On any exception (KeyboardInterrupt included) the temp dir is removed.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputExistsError(
+            f"output path {path} exists and is not a directory", hint="choose another output path"
+        )
+    if _is_nonempty(path) and not force:
+        raise OutputExistsError(
+            f"{path} already holds a {what}; it was kept", hint="pass --force to replace it"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # NOTE: same parent dir -> same filesystem, so the final rename is atomic.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        _commit(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    if not path.exists():
+        tmp.rename(path)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    old.rmdir()
+    path.rename(old)
+    try:
+        tmp.rename(path)
+    except BaseException:
+        old.rename(path)  # put the good artifact back
+        raise
+    shutil.rmtree(old, ignore_errors=True)

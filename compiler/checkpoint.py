@@ -1,0 +1,231 @@
+"""The ingot checkpoint format (docs/formats.md): config.json + rank{N}.safetensors + tokenizer/."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from ingot.runtime.config import ModelConfig, QuantConfig
+from ingot.runtime.errors import CheckpointError
+from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+CHECKPOINT_FORMAT = "ingot-checkpoint"
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZABLE_LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+_RECONVERT = "re-run `ingot convert-checkpoint`"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.safetensors"
+
+
+def fused_splits(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Row counts of each part of a fused tensor, in order (qkv: q, k, v; gate_up: gate, up)."""
+    return {
+        "attn.qkv": (cfg.q_size, cfg.kv_size, cfg.kv_size),
+        "mlp.gate_up": (cfg.intermediate_size, cfg.intermediate_size),
+    }
+
+
+def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape of every tensor of an unquantized checkpoint for `cfg`."""
+    d, v, i_size, hd = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (v, d)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm.weight"] = (d,)
+        shapes[p + "attn.qkv.weight"] = (cfg.qkv_size, d)
+        if cfg.qkv_bias:
+            shapes[p + "attn.qkv.bias"] = (cfg.qkv_size,)
+        if cfg.qk_norm:
+            shapes[p + "attn.q_norm.weight"] = (hd,)
+            shapes[p + "attn.k_norm.weight"] = (hd,)
+        shapes[p + "attn.o.weight"] = (d, cfg.q_size)
+        shapes[p + "mlp_norm.weight"] = (d,)
+        shapes[p + "mlp.gate_up.weight"] = (2 * i_size, d)
+        shapes[p + "mlp.down.weight"] = (d, i_size)
+    shapes["final_norm.weight"] = (d,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (v, d)
+    return shapes
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checkpoint(
+    out_dir: Path,
+    model: ModelConfig,
+    tensors: dict[str, torch.Tensor],
+    *,
+    source: dict[str, Any],
+    quant: QuantConfig | None = None,
+) -> dict[str, Any]:
+    """Write rank0.safetensors and config.json into `out_dir` (an atomic temp dir); return config."""
+    quant = quant or QuantConfig()
+    name = rank_file(0)
+    save_file(
+        {k: t.contiguous() for k, t in tensors.items()},
+        str(out_dir / name),
+        metadata={"format": CHECKPOINT_FORMAT},
+    )
+    config = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": CHECKPOINT_FORMAT_VERSION,
+        "ingot_version": INGOT_VERSION,
+        "model": model.to_dict(),
+        "quant": quant.to_dict(),
+        "tp_size": 1,
+        "source": source,
+        "rank_files": {name: sha256_file(out_dir / name)},
+    }
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+class CheckpointTensors(Mapping[str, torch.Tensor]):
+    """Memory-mapped, read-only view of one rank file; tensors are read on access."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._f = safe_open(str(path), framework="pt")
+            self._names = list(self._f.keys())
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"cannot read {path}: {e}", hint=_RECONVERT) from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._f.get_slice(name).get_shape())
+
+    def dtype_name(self, name: str) -> str:
+        return self._f.get_slice(name).get_dtype()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._f.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _read_config(ckpt_dir: Path) -> dict[str, Any]:
+    path = ckpt_dir / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{ckpt_dir} is not an ingot checkpoint (no {CONFIG_FILE})",
+            hint="create one with `ingot convert-checkpoint`",
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}", hint=_RECONVERT) from None
+    if not isinstance(config, dict) or config.get("format") != CHECKPOINT_FORMAT:
+        found = config.get("format") if isinstance(config, dict) else None
+        raise CheckpointError(
+            f"{ckpt_dir} is not an ingot checkpoint (format {found!r})",
+            hint="pass a dir written by `ingot convert-checkpoint`",
+        )
+    version = config.get("format_version")
+    if version != CHECKPOINT_FORMAT_VERSION:
+        writer = config.get("ingot_version", "an unknown version")
+        newer = isinstance(version, int) and version > CHECKPOINT_FORMAT_VERSION
+        raise CheckpointError(
+            f"{ckpt_dir} has checkpoint format version {version} (written by ingot {writer}); "
+            f"this ingot {INGOT_VERSION} reads version {CHECKPOINT_FORMAT_VERSION}",
+            hint=f"upgrade ingot to {writer} or newer, or {_RECONVERT}" if newer else _RECONVERT,
+        )
+    return config
+
+
+def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantConfig) -> None:
+    expected = expected_tensor_shapes(model)
+    names = set(tensors)
+    missing = [n for n in expected if n not in names]
+    quantized = quant.mode != "none"
+    # Quantized linears keep X.weight and add scales beside it (docs/formats.md).
+    unexpected = sorted(
+        n for n in names - expected.keys() if not (quantized and _is_quant_extra(n))
+    )
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+        if unexpected:
+            parts.append(
+                f"unexpected {', '.join(unexpected[:8])}" + (" ..." if len(unexpected) > 8 else "")
+            )
+        raise CheckpointError(f"{tensors.path}: {'; '.join(parts)}", hint=_RECONVERT)
+    want_dtype = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[model.dtype]
+    for name, shape in expected.items():
+        if quantized and name.rsplit(".", 1)[0].split(".", 2)[-1] in QUANTIZABLE_LINEARS:
+            continue  # payload shape/dtype depend on the quantization mode
+        found = tensors.shape(name)
+        if found != shape:
+            raise CheckpointError(
+                f"{tensors.path}: tensor {name} has shape {list(found)}, expected {list(shape)}",
+                hint=_RECONVERT,
+            )
+        if tensors.dtype_name(name) != want_dtype:
+            raise CheckpointError(
+                f"{tensors.path}: tensor {name} is {tensors.dtype_name(name)}, "
+                f"expected {want_dtype}",
+                hint=_RECONVERT,
+            )
+
+
+def _is_quant_extra(name: str) -> bool:
+    suffixes = (
+        "weight_scale",
+        "input_scale",
+        "weight_zero",
+        "pre_quant_scale",
+        "k_scale",
+        "v_scale",
+    )
+    return name.rsplit(".", 1)[-1] in suffixes
+
+
+def load_checkpoint(
+    ckpt_dir: Path, *, verify_hash: bool = True
+) -> tuple[dict[str, Any], CheckpointTensors]:
+    """Read and check a checkpoint dir.
+
+    Returns (meta, tensors): meta is config.json with "model" a ModelConfig and "quant" a
+    QuantConfig; tensors a lazy name -> tensor mapping of rank0. Raises CheckpointError on a
+    wrong format or version, a hash mismatch, or missing/unexpected/mis-shaped tensors.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    config = _read_config(ckpt_dir)
+    meta = dict(config)
+    meta["model"] = ModelConfig.from_dict(config["model"])
+    meta["quant"] = QuantConfig.from_dict(config.get("quant", {}))
+    name = rank_file(0)
+    path = ckpt_dir / name
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt_dir} lacks {name}", hint=_RECONVERT)
+    want = config.get("rank_files", {}).get(name)
+    if verify_hash and want != sha256_file(path):
+        raise CheckpointError(
+            f"{path} does not match the sha256 in {CONFIG_FILE} (corrupt or edited)",
+            hint=_RECONVERT,
+        )
+    tensors = CheckpointTensors(path)
+    _check_tensors(tensors, meta["model"], meta["quant"])
+    return meta, tensors
