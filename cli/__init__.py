@@ -1,0 +1,1 @@
+"""The `ingot` command line (typer)."""

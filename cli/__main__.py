@@ -1,0 +1,3 @@
+from ingot.cli.main import app
+
+app()

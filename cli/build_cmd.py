@@ -1,0 +1,67 @@
+"""`ingot build-engine`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from ingot.cli.progress import progress_bar
+
+
+def build_engine_cmd(
+    checkpoint_dir: Path = typer.Option(
+        ..., "--checkpoint-dir", help="Checkpoint dir written by convert-checkpoint."
+    ),
+    output_dir: Path = typer.Option(
+        ..., "--output-dir", help="Engine dir to write (config.json + rank0.engine + tokenizer/)."
+    ),
+    max_batch_size: int = typer.Option(
+        None, "--max-batch-size", help="Most sequences in one step. [preset or 64]"
+    ),
+    max_seq_len: int = typer.Option(
+        None, "--max-seq-len", help="Most tokens (prompt + output) per sequence. [preset or 2048]"
+    ),
+    max_num_tokens: int = typer.Option(
+        None,
+        "--max-num-tokens",
+        help="Most tokens computed in one step (chunked prefill). [preset or 8192]",
+    ),
+    tokens_per_block: int = typer.Option(
+        None,
+        "--tokens-per-block",
+        help="KV-cache block size in tokens, a power of two. [preset or 16]",
+    ),
+    target: str = typer.Option(
+        "auto",
+        "--target",
+        help="cpu, auto (this machine's GPU if any, else cpu), or a GPU arch like sm_90.",
+    ),
+    config: str = typer.Option(
+        None,
+        "--config",
+        help="Build preset: a YAML path or a name from ingot's configs/ (flags override it).",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing engine in --output-dir."
+    ),
+) -> None:
+    """Build an engine for one target from a checkpoint (written atomically)."""
+    from ingot.compiler.build import build_engine
+
+    overrides = {
+        "max_batch_size": max_batch_size,
+        "max_seq_len": max_seq_len,
+        "max_num_tokens": max_num_tokens,
+        "tokens_per_block": tokens_per_block,
+    }
+    with progress_bar() as progress:
+        out = build_engine(
+            checkpoint_dir,
+            output_dir,
+            preset=config,
+            overrides=overrides,
+            target=target,
+            force=force,
+            progress=progress,
+        )
+    typer.echo(f"engine written to {out}")

@@ -1,0 +1,46 @@
+"""`ingot inspect-engine`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def inspect_engine_cmd(
+    engine_dir: Path = typer.Argument(..., help="Engine dir to describe and verify."),
+    as_json: bool = typer.Option(False, "--json", help="Print the engine config as JSON."),
+) -> None:
+    """Print an engine's metadata and verify the checksum of every rank file."""
+    from ingot.runtime.engine import read_engine_config, verify_rank_files
+    from ingot.runtime.engine_format import EngineFile
+
+    cfg = read_engine_config(engine_dir)
+    verify_rank_files(engine_dir, cfg)
+    if as_json:
+        typer.echo(json.dumps(cfg.to_dict(), indent=2))
+        return
+    m, b, q = cfg.model, cfg.build, cfg.quant
+    typer.echo(f"engine        {engine_dir}")
+    typer.echo(f"format        ingot-engine v{cfg.format_version} (ingot {cfg.ingot_version})")
+    typer.echo(f"target        {cfg.target}   tp_size {cfg.tp_size}")
+    typer.echo(
+        f"model         {m.architecture} ({m.family}) {m.num_layers} layers, hidden {m.hidden_size}, "
+        f"heads {m.num_heads}/{m.num_kv_heads}, vocab {m.vocab_size}, {m.dtype}"
+    )
+    typer.echo(f"quantization  {q.mode} (kv cache {q.kv_cache_dtype})")
+    typer.echo(
+        f"build         max_batch_size {b.max_batch_size}, max_seq_len {b.max_seq_len}, "
+        f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
+    )
+    typer.echo("plugins")
+    for p in cfg.plugins:
+        typer.echo(f"  {p.name:<16} v{p.version}  tactic {p.tactic or '-'}")
+    for name, digest in cfg.rank_files.items():
+        f = EngineFile(engine_dir / name)
+        size = (engine_dir / name).stat().st_size
+        typer.echo(
+            f"{name:<14}{size / 2**20:.1f} MiB, {len(f.tensor_names())} tensors, "
+            f"sha256 {digest[:16]}… verified"
+        )

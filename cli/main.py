@@ -1,0 +1,111 @@
+"""`ingot` CLI: one typer app, one small module per command.
+
+User errors (`IngotError`) become one line on stderr and exit code 2; an interrupt exits 130.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from ingot.runtime.errors import IngotError
+from ingot.runtime.version import INGOT_VERSION
+from typer.core import TyperGroup
+
+
+def _click_errors(name: str) -> tuple[type[BaseException], ...]:
+    """`name` from click and from the click that newer typer releases vendor as typer._click."""
+    found = []
+    for mod in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+_USAGE_ERRORS = _click_errors("UsageError")
+_ABORTS = _click_errors("Abort")
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (unknown flag, missing option, bad value) as one line, exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except _USAGE_ERRORS as e:
+            if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+                typer.echo(e.ctx.get_help())
+                sys.exit(0)
+            cmd = e.ctx.command_path if e.ctx else "ingot"
+            typer.echo(f"error: {e.format_message()} (see '{cmd} --help')", err=True)
+            sys.exit(2)
+        except _ABORTS:
+            typer.echo("interrupted; no partial output was left behind", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(
+    name="ingot",
+    cls=OneLineErrors,
+    help="Compile Hugging Face checkpoints into engines for one GPU (or the CPU) and run them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line to stderr and exit."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except IngotError as e:
+            fail(e.one_line(), e.exit_code)
+        except KeyboardInterrupt:
+            typer.echo("interrupted; no partial output was left behind", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"ingot {INGOT_VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version_callback,
+        is_eager=True,
+        help="Print the ingot version and exit.",
+    ),
+) -> None:
+    """ingot: convert-checkpoint -> build-engine -> run-engine."""
+
+
+def _register() -> None:
+    # NOTE: imported here so each command module can import `user_errors` from this module.
+    from ingot.cli import commands  # noqa: F401
+
+
+_register()

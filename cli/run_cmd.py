@@ -1,0 +1,97 @@
+"""`ingot run-engine`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from ingot.runtime.errors import ConfigError
+
+
+def _read_prompts(texts: list[str] | None, input_file: Path | None) -> list[str]:
+    prompts = list(texts or [])
+    if input_file is not None:
+        if not input_file.is_file():
+            raise ConfigError(f"--input-file {input_file} does not exist")
+        prompts += [line for line in input_file.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError("no prompt given", "pass --input-text TEXT or --input-file FILE")
+    return prompts
+
+
+def run_engine_cmd(
+    engine_dir: Path = typer.Option(
+        ..., "--engine-dir", help="Engine dir written by build-engine."
+    ),
+    input_text: list[str] = typer.Option(
+        None, "--input-text", help="A prompt; repeat for several (served together)."
+    ),
+    input_file: Path = typer.Option(
+        None, "--input-file", help="A text file with one prompt per line."
+    ),
+    max_output_len: int = typer.Option(..., "--max-output-len", help="Most new tokens per prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy."),
+    top_k: int = typer.Option(
+        0, "--top-k", help="Keep the k most likely tokens (0: off; 1: greedy)."
+    ),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1.0: off)."),
+    repetition_penalty: float = typer.Option(
+        1.0, "--repetition-penalty", help="> 1 discourages repeats."
+    ),
+    seed: int = typer.Option(
+        None, "--seed", help="Seed for sampling; the same seed gives the same text."
+    ),
+    stop_words: list[str] = typer.Option(
+        None, "--stop-words", help="Stop when the output contains this text; repeatable."
+    ),
+    streaming: bool = typer.Option(False, "--streaming", help="Print text as it is generated."),
+    num_kv_blocks: int = typer.Option(
+        None,
+        "--num-kv-blocks",
+        help="KV-cache blocks (default: enough for max-batch-size full sequences).",
+    ),
+    policy: str = typer.Option(
+        "guaranteed_no_evict", "--scheduler-policy", help="guaranteed_no_evict or max_utilization."
+    ),
+) -> None:
+    """Load an engine and generate text for all prompts with inflight batching."""
+    from ingot.runtime.llm import LLM
+    from ingot.runtime.types import SamplingParams
+
+    prompts = _read_prompts(input_text, input_file)
+    if policy not in ("guaranteed_no_evict", "max_utilization"):
+        raise ConfigError(
+            f"unknown --scheduler-policy {policy!r}", "use guaranteed_no_evict or max_utilization"
+        )
+    try:
+        params = SamplingParams(
+            max_new_tokens=max_output_len,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+            stop_words=tuple(stop_words or ()),
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    llm = LLM(engine_dir, num_kv_blocks=num_kv_blocks, policy=policy)
+
+    def on_text(i: int, delta: str) -> None:
+        typer.echo(f"[{i}] +{delta!r}" if len(prompts) > 1 else delta, nl=len(prompts) > 1)
+
+    outs = llm.generate(prompts, params, on_text if streaming else None)
+    if streaming and len(prompts) == 1:
+        typer.echo("")
+    failed = 0
+    for i, c in enumerate(outs):
+        if c.error:
+            failed += 1
+            typer.echo(f"error: request {i}: {c.error}", err=True)
+            continue
+        typer.echo(f"[{i}] Input: {c.prompt!r}")
+        typer.echo(
+            f"[{i}] Output: {c.text!r}  ({len(c.token_ids)} tokens, {c.finish_reason.name.lower()})"
+        )
+    if failed:
+        raise typer.Exit(2)

@@ -1,0 +1,173 @@
+"""build-engine: checkpoint dir -> engine dir for one target (cpu or an sm_XY GPU).
+
+Steps: read and check the checkpoint; resolve the build config (defaults < preset < flags);
+pick each plugin's implementation and tactic for the target; fold constants (RoPE tables);
+write the rank file, config.json with checksums, and the tokenizer, all atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from ingot.plugins import all_specs, target_kind
+from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
+from ingot.runtime.config import BuildConfig, ModelConfig
+from ingot.runtime.engine import EngineConfig, PluginChoice, sha256_file, write_engine_config
+from ingot.runtime.engine_format import write_engine_file
+from ingot.runtime.errors import ConfigError
+
+from .atomic import atomic_output_dir
+from .checkpoint import TOKENIZER_DIR, load_checkpoint
+
+Progress = Callable[[str, int, int], None]
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def find_preset(name_or_path: str) -> Path:
+    """A preset is a YAML path, or the name of one shipped in ingot's configs/."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    for cand in (PRESET_DIR / name_or_path, PRESET_DIR / f"{name_or_path}.yaml"):
+        if cand.is_file():
+            return cand
+    known = sorted(x.stem for x in PRESET_DIR.glob("*.yaml"))
+    raise ConfigError(f"preset {name_or_path!r} not found", f"use a YAML path or one of {known}")
+
+
+def resolve_build_config(
+    preset: str | None, overrides: dict[str, Any], model: ModelConfig | None = None
+) -> BuildConfig:
+    """defaults < preset YAML < explicit flags (None in `overrides` means 'not given').
+
+    A max_seq_len left at its default is capped at the model's max_position_embeddings.
+    """
+    fields = {f.name for f in dataclasses.fields(BuildConfig)}
+    values: dict[str, Any] = {}
+    if model is not None:
+        default = BuildConfig().max_seq_len
+        values["max_seq_len"] = min(default, model.max_position_embeddings)
+    if preset:
+        path = find_preset(preset)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"preset {path} is not valid YAML: {e}") from None
+        build = data.get("build", data) if isinstance(data, dict) else None
+        if not isinstance(build, dict):
+            raise ConfigError(f"preset {path} must be a mapping of build settings")
+        unknown = sorted(set(build) - fields)
+        if unknown:
+            raise ConfigError(
+                f"preset {path} has unknown keys {unknown}", f"known: {sorted(fields)}"
+            )
+        values.update(build)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return BuildConfig(**values)
+
+
+def resolve_target(target: str) -> str:
+    """'auto' -> this machine's GPU as 'sm_XY' if there is one, else 'cpu'."""
+    if target == "auto":
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}"
+        return "cpu"
+    if target == "cpu" or (target.startswith("sm_") and target[3:].isdigit()):
+        return target
+    raise ConfigError(f"unknown target {target!r}", "use cpu, auto, or a GPU arch like sm_90")
+
+
+def select_plugins(target: str) -> tuple[PluginChoice, ...]:
+    """One choice per registered op for the target kind (CPU: the reference, no tactics)."""
+    kind = target_kind(target)
+    choices = []
+    for spec in all_specs():
+        if kind not in spec.impls:
+            raise ConfigError(
+                f"target {target} is not supported yet: plugin {spec.name} has no "
+                f"{kind} implementation",
+                "build with --target cpu",
+            )
+        tactic = spec.default_tactic(kind)
+        choices.append(PluginChoice(spec.name, spec.version, tactic.name if tactic else None))
+    return tuple(choices)
+
+
+def check_fits(model: ModelConfig, build: BuildConfig) -> None:
+    if build.max_seq_len > model.max_position_embeddings:
+        raise ConfigError(
+            f"--max-seq-len {build.max_seq_len} exceeds the model's max_position_embeddings "
+            f"{model.max_position_embeddings}",
+            f"use --max-seq-len {model.max_position_embeddings} or less",
+        )
+    bs = build.tokens_per_block
+    if bs & (bs - 1):
+        raise ConfigError(f"--tokens-per-block must be a power of two, got {bs}")
+
+
+def rope_tables(model: ModelConfig, max_seq_len: int) -> dict[str, torch.Tensor]:
+    r = model.rope
+    freqs = inv_freq(
+        model.head_dim,
+        r.theta,
+        r.kind,
+        r.factor,
+        r.low_freq_factor,
+        r.high_freq_factor,
+        r.original_max_position_embeddings,
+    )
+    cos, sin = cos_sin_cache(freqs, max_seq_len)
+    return {"rope.cos": cos, "rope.sin": sin}
+
+
+def build_engine(
+    checkpoint_dir: Path,
+    output_dir: Path,
+    *,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    target: str = "cpu",
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Build an engine; returns its dir. Raises IngotError subclasses on bad input."""
+    # NOTE: the output check comes first so a kept artifact is reported before any slow work.
+    with atomic_output_dir(Path(output_dir), force, "engine") as tmp:
+        meta, tensors = load_checkpoint(Path(checkpoint_dir))
+        model: ModelConfig = meta["model"]
+        overrides = dict(overrides or {})
+        overrides["target"] = resolve_target(target)
+        build = resolve_build_config(preset, overrides, model)
+        check_fits(model, build)
+        plugins = select_plugins(build.target)
+        names = list(tensors)
+        weights: dict[str, torch.Tensor] = {}
+        for i, name in enumerate(names):
+            weights[name] = tensors[name].contiguous()
+            if progress:
+                progress("packing weights", i + 1, len(names))
+        weights.update(rope_tables(model, build.max_seq_len))
+        rank = "rank0.engine"
+        write_engine_file(tmp / rank, weights)
+        if progress:
+            progress("writing engine", len(names), len(names))
+        src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
+        if src_tok.is_dir():
+            shutil.copytree(src_tok, tmp / TOKENIZER_DIR)
+        cfg = EngineConfig(
+            model=model,
+            quant=meta["quant"],
+            build=build,
+            plugins=plugins,
+            rank_files={rank: sha256_file(tmp / rank)},
+            extra={"torch_version": torch.__version__, "source": meta.get("source", {})},
+        )
+        write_engine_config(tmp, cfg)
+    return Path(output_dir)

@@ -1,0 +1,201 @@
+"""Engine dir: config.json + rank{N}.engine + tokenizer/. Reading checks everything first.
+
+The engine config names the format and its version, the ingot version that wrote it, the
+target, the model/quant/build configs, the plugins with versions and tactics, and a sha256 per
+rank file. The compiler writes it through `write_engine_config`; the runtime reads it here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from ingot.plugins import get_spec
+
+from .config import BuildConfig, ModelConfig, QuantConfig
+from .engine_format import EngineFile
+from .errors import EngineError
+from .version import ENGINE_FORMAT_VERSION, INGOT_VERSION
+
+ENGINE_FORMAT = "ingot-engine"
+REBUILD = "rebuild it with `ingot build-engine`"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class PluginChoice:
+    """One op as built into an engine: which plugin version and which tactic."""
+
+    name: str
+    version: int
+    tactic: str | None = None
+    timings_ms: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "tactic": self.tactic,
+            "timings_ms": self.timings_ms,
+        }
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    quant: QuantConfig
+    build: BuildConfig
+    plugins: tuple[PluginChoice, ...]
+    rank_files: dict[str, str]
+    tp_size: int = 1
+    ingot_version: str = INGOT_VERSION
+    format_version: int = ENGINE_FORMAT_VERSION
+    extra: dict[str, Any] | None = None
+
+    @property
+    def target(self) -> str:
+        return self.build.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": ENGINE_FORMAT,
+            "format_version": self.format_version,
+            "ingot_version": self.ingot_version,
+            "target": self.build.target,
+            "tp_size": self.tp_size,
+            "model": self.model.to_dict(),
+            "quant": self.quant.to_dict(),
+            "build": self.build.to_dict(),
+            "plugins": [p.to_dict() for p in self.plugins],
+            "rank_files": self.rank_files,
+            "extra": self.extra or {},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
+        return cls(
+            model=ModelConfig.from_dict(d["model"]),
+            quant=QuantConfig.from_dict(d["quant"]),
+            build=BuildConfig.from_dict(d["build"]),
+            plugins=tuple(PluginChoice(**p) for p in d["plugins"]),
+            rank_files=dict(d["rank_files"]),
+            tp_size=int(d.get("tp_size", 1)),
+            ingot_version=d["ingot_version"],
+            format_version=int(d["format_version"]),
+            extra=d.get("extra") or {},
+        )
+
+
+def write_engine_config(engine_dir: Path, cfg: EngineConfig) -> None:
+    (Path(engine_dir) / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+
+def read_engine_config(engine_dir: Path) -> EngineConfig:
+    """Parse and check config.json (format, version, plugins). Does not touch rank files."""
+    engine_dir = Path(engine_dir)
+    path = engine_dir / "config.json"
+    if not engine_dir.is_dir():
+        raise EngineError(
+            f"engine dir {engine_dir} does not exist", "build one with `ingot build-engine`"
+        )
+    if not path.is_file():
+        raise EngineError(f"{engine_dir} has no config.json, so it is not an ingot engine", REBUILD)
+    try:
+        d = json.loads(path.read_text())
+    except ValueError as e:
+        raise EngineError(f"{path} is not valid JSON ({e})", REBUILD) from None
+    if not isinstance(d, dict) or d.get("format") != ENGINE_FORMAT:
+        raise EngineError(
+            f"{engine_dir} is not an ingot engine (format is {d.get('format')!r})"
+            if isinstance(d, dict)
+            else f"{path} is not an engine config",
+            REBUILD,
+        )
+    version = d.get("format_version")
+    if not isinstance(version, int) or version > ENGINE_FORMAT_VERSION:
+        raise EngineError(
+            f"engine format version {version} (written by ingot {d.get('ingot_version')}) is newer "
+            f"than this ingot {INGOT_VERSION} reads (up to {ENGINE_FORMAT_VERSION})",
+            f"upgrade ingot, or {REBUILD} from this version",
+        )
+    try:
+        cfg = EngineConfig.from_dict(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineError(f"engine config is incomplete or malformed ({e})", REBUILD) from None
+    for p in cfg.plugins:
+        try:
+            get_spec(p.name, p.version)
+        except KeyError as e:
+            raise EngineError(f"engine needs {e.args[0]}", f"{REBUILD} with this ingot") from None
+    return cfg
+
+
+def verify_rank_files(engine_dir: Path, cfg: EngineConfig) -> None:
+    """Raise EngineError if a rank file is missing or its sha256 differs from the config."""
+    for name, digest in cfg.rank_files.items():
+        path = Path(engine_dir) / name
+        if not path.is_file():
+            raise EngineError(f"engine rank file {name} is missing", REBUILD)
+        if sha256_file(path) != digest:
+            raise EngineError(
+                f"engine rank file {name} fails its checksum (altered or corrupt)", REBUILD
+            )
+
+
+def check_target(cfg: EngineConfig, device: torch.device) -> None:
+    """Refuse an engine built for another device than the one we run on."""
+    target = cfg.target
+    if target == "cpu":
+        if device.type != "cpu":
+            raise EngineError(
+                "engine was built for the CPU but a GPU run was asked for",
+                "rebuild with `ingot build-engine --target auto` on the GPU machine",
+            )
+        return
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise EngineError(
+            f"engine was built for GPU target {target} but no CUDA GPU is available",
+            "run it on that GPU, or rebuild with `ingot build-engine --target cpu`",
+        )
+    major, minor = torch.cuda.get_device_capability(device)
+    here = f"sm_{major}{minor}"
+    if here != target:
+        raise EngineError(
+            f"engine was built for {target} but this GPU is {here}",
+            "rebuild with `ingot build-engine --target auto` on this GPU",
+        )
+
+
+@dataclass
+class LoadedEngine:
+    dir: Path
+    config: EngineConfig
+    rank_file: EngineFile
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {n: self.rank_file.tensor(n) for n in self.rank_file.tensor_names()}
+
+
+def load_engine(
+    engine_dir: Path, device: torch.device | None = None, rank: int = 0, verify: bool = True
+) -> LoadedEngine:
+    """Check config, target and checksums, then map rank `rank`'s file (no copy)."""
+    engine_dir = Path(engine_dir)
+    cfg = read_engine_config(engine_dir)
+    if device is None:
+        device = torch.device("cpu" if cfg.target == "cpu" else "cuda")
+    check_target(cfg, device)
+    if verify:
+        verify_rank_files(engine_dir, cfg)
+    return LoadedEngine(engine_dir, cfg, EngineFile(engine_dir / f"rank{rank}.engine"))

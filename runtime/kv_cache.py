@@ -1,0 +1,49 @@
+"""The paged KV pool: one tensor [L, 2, num_blocks, tokens_per_block, Hkv, hd] on the device.
+
+The C++ core owns which block belongs to whom; this owns the memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+def kv_bytes_per_block(cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return cfg.num_layers * 2 * tokens_per_block * cfg.kv_size * elem
+
+
+class KVCache:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_blocks: int,
+        tokens_per_block: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.tokens_per_block = tokens_per_block
+        # NOTE: zero-filled so that padded block-table entries (block 0) read finite values.
+        self.data = torch.zeros(
+            cfg.num_layers,
+            2,
+            num_blocks,
+            tokens_per_block,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache) of layer i: each [num_blocks, tokens_per_block, Hkv, hd]."""
+        return self.data[i, 0], self.data[i, 1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()

@@ -1,0 +1,122 @@
+"""The one decoder graph (Llama / Mistral / Qwen2 / Qwen3), run op by op through plugins.
+
+Inputs are a packed batch: T tokens from B sequences, prefill chunks and decodes mixed, with the
+paged-KV metadata the C++ scheduler produced. Weights use the canonical names of docs/formats.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from ingot.plugins import get_spec, load, target_kind
+
+from .config import ModelConfig
+from .engine import EngineConfig
+from .kv_cache import KVCache
+
+
+@dataclass
+class AttnMetadata:
+    """Per step. slot_mapping/positions: [T]; block_tables: [B, max_blocks];
+    context_lens: [B]; query_start_loc: [B+1]; all int32 on the model's device."""
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_context_len: int
+    is_decode: bool
+
+
+class Ops:
+    """The plugin callables an engine was built with, resolved for this device kind."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        kind = target_kind(cfg.target)
+        self._fns: dict[str, Callable[..., Any]] = {}
+        for choice in cfg.plugins:
+            spec = get_spec(choice.name, choice.version)
+            self._fns[choice.name] = load(
+                choice.name, choice.version, kind, spec.find_tactic(kind, choice.tactic)
+            )
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        try:
+            return self.__dict__["_fns"][name]
+        except KeyError:
+            raise AttributeError(f"engine has no plugin {name!r}") from None
+
+
+class Decoder:
+    """Forward pass over a packed batch. Holds views of the engine's weights (no copies)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.ops = ops
+        self.scale = cfg.head_dim**-0.5
+        self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
+        self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
+        self.sin = weights["rope.sin"]
+
+    def _attention(
+        self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+    ) -> torch.Tensor:
+        c, w, ops = self.cfg, self.w, self.ops
+        p = f"layers.{i}.attn."
+        qkv = ops.gemm(x, w[p + "qkv.weight"], w.get(p + "qkv.bias"))  # [T, qkv_size]
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.reshape(-1, c.num_heads, c.head_dim)
+        k = k.reshape(-1, c.num_kv_heads, c.head_dim)
+        v = v.reshape(-1, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = ops.rms_norm(q, w[p + "q_norm.weight"], c.rms_norm_eps)
+            k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
+        q, k = ops.rope(q, k, positions, self.cos, self.sin)
+        k_cache, v_cache = kv.layer(i)
+        ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping)
+        o = ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.context_lens,
+            meta.query_start_loc,
+            self.scale,
+            c.sliding_window,
+        )
+        return ops.gemm(o.reshape(-1, c.q_size), w[p + "o.weight"])
+
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        w, ops = self.w, self.ops
+        p = f"layers.{i}.mlp."
+        return ops.gemm(ops.swiglu(ops.gemm(x, w[p + "gate_up.weight"])), w[p + "down.weight"])
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
+        c, w, ops = self.cfg, self.w, self.ops
+        h = ops.embedding(input_ids, w["embed.weight"])
+        residual = h
+        x = ops.rms_norm(h, w["layers.0.attn_norm.weight"], c.rms_norm_eps)
+        for i in range(c.num_layers):
+            a = self._attention(i, x, positions, meta, kv)
+            x, residual = ops.add_rms_norm(
+                a, residual, w[f"layers.{i}.mlp_norm.weight"], c.rms_norm_eps
+            )
+            m = self._mlp(i, x)
+            norm_w = (
+                w[f"layers.{i + 1}.attn_norm.weight"]
+                if i + 1 < c.num_layers
+                else w["final_norm.weight"]
+            )
+            x, residual = ops.add_rms_norm(m, residual, norm_w, c.rms_norm_eps)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does)."""
+        return self.ops.gemm(hidden, self.lm_head).float()

@@ -1,0 +1,66 @@
+"""Token sampling: greedy, or repetition penalty -> temperature -> top-k -> top-p -> draw.
+
+Each request owns a seeded generator, so its tokens do not depend on what else is batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .types import SamplingParams
+
+
+class RequestSampler:
+    """Sampling state of one request."""
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if params.temperature > 0 and not self.is_greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+
+    @property
+    def is_greedy(self) -> bool:
+        p = self.params
+        return p.temperature == 0 or p.top_k == 1
+
+    def sample(self, logits: torch.Tensor, seen: torch.Tensor | None) -> int:
+        """logits: [V] float32; seen: token ids so far (prompt + output) for the penalty."""
+        p = self.params
+        if p.repetition_penalty != 1.0 and seen is not None and seen.numel():
+            logits = apply_repetition_penalty(logits, seen, p.repetition_penalty)
+        if self.is_greedy:
+            return int(torch.argmax(logits))
+        logits = logits / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            logits = top_p_filter(logits, p.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, seen: torch.Tensor, penalty: float
+) -> torch.Tensor:
+    """CTRL-style: a seen token's logit is divided by `penalty` if positive, multiplied if not."""
+    logits = logits.clone()
+    ids = seen.long().unique()
+    picked = logits[ids]
+    logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to >= top_p."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # drop a token when the mass before it already reaches top_p (the top token always stays)
+    drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(0, order, sorted_logits)

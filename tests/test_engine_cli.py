@@ -1,0 +1,268 @@
+"""build-engine / inspect-engine / run-engine through the CLI, good input and bad."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ingot.cli.main import app
+from ingot.compiler.build import build_engine
+from ingot.compiler.convert import convert_checkpoint
+from ingot.compiler.examples import make_tiny_hf_model
+from typer.testing import CliRunner
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    hf = make_tiny_hf_model("llama", root / "hf", seed=2)
+    return convert_checkpoint(hf, root / "ckpt", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("engines") / "engine"
+    r = _invoke(
+        "build-engine",
+        "--checkpoint-dir",
+        ckpt,
+        "--output-dir",
+        out,
+        "--config",
+        "tiny-llama",
+        "--target",
+        "cpu",
+        "--max-seq-len",
+        "64",
+    )
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _assert_one_line_error(r, *needles: str) -> None:
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("error: ") and "Traceback" not in r.output
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+def _copy(engine: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "engine"
+    shutil.copytree(engine, dst)
+    return dst
+
+
+def _edit_config(engine: Path, **changes) -> None:
+    path = engine / "config.json"
+    d = json.loads(path.read_text())
+    for k, v in changes.items():
+        if k == "target":
+            d["target"] = d["build"]["target"] = v
+        else:
+            d[k] = v
+    path.write_text(json.dumps(d))
+
+
+def test_build_records_everything_and_inspect_verifies(engine):
+    d = json.loads((engine / "config.json").read_text())
+    assert d["format"] == "ingot-engine" and d["format_version"] == 1 and d["ingot_version"]
+    assert d["target"] == "cpu" and d["build"]["max_seq_len"] == 64  # flag beat the preset (256)
+    assert d["build"]["max_batch_size"] == 8  # from the preset
+    assert {p["name"] for p in d["plugins"]} >= {"paged_attention", "rms_norm", "rope", "gemm"}
+    assert set(d["rank_files"]) == {"rank0.engine"} and len(d["rank_files"]["rank0.engine"]) == 64
+    assert (engine / "tokenizer" / "tokenizer_config.json").is_file()
+    r = _invoke("inspect-engine", engine)
+    assert r.exit_code == 0, r.output
+    assert (
+        "verified" in r.stdout and "LlamaForCausalLM" in r.stdout and "paged_attention" in r.stdout
+    )
+
+
+def test_run_engine_prints_outputs_and_streams(engine):
+    r = _invoke(
+        "run-engine",
+        "--engine-dir",
+        engine,
+        "--input-text",
+        "Hello there",
+        "--input-text",
+        "The engine",
+        "--max-output-len",
+        "5",
+    )
+    assert r.exit_code == 0, r.output
+    assert "[0] Output:" in r.stdout and "[1] Output:" in r.stdout
+    r = _invoke(
+        "run-engine",
+        "--engine-dir",
+        engine,
+        "--input-text",
+        "Hi",
+        "--max-output-len",
+        "4",
+        "--streaming",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "20",
+        "--seed",
+        "3",
+    )
+    assert r.exit_code == 0, r.output
+
+
+def test_altered_rank_file_is_refused(engine, tmp_path):
+    e = _copy(engine, tmp_path)
+    with open(e / "rank0.engine", "r+b") as f:
+        f.seek(-10, 2)
+        b = f.read(1)
+        f.seek(-10, 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    _assert_one_line_error(_invoke("inspect-engine", e), "checksum")
+    _assert_one_line_error(
+        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+        "checksum",
+    )
+
+
+def test_future_format_version_is_refused(engine, tmp_path):
+    e = _copy(engine, tmp_path)
+    _edit_config(e, format_version=99)
+    _assert_one_line_error(
+        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+        "version 99",
+        "upgrade",
+    )
+
+
+def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):
+    e = _copy(engine, tmp_path)
+    _edit_config(e, target="sm_90")
+    _assert_one_line_error(
+        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+        "sm_90",
+    )
+
+
+def test_prompt_too_long_fails_that_request_only(engine):
+    long_text = " ".join(["compiler"] * 200)
+    r = _invoke(
+        "run-engine",
+        "--engine-dir",
+        engine,
+        "--input-text",
+        "short one",
+        "--input-text",
+        long_text,
+        "--max-output-len",
+        "3",
+    )
+    assert r.exit_code == 2
+    assert "[0] Output:" in r.stdout and "[1] Output:" not in r.stdout
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: request 1:") and "64" in err[0]
+
+
+def test_existing_output_is_kept_unless_force(ckpt, engine):
+    before = (engine / "config.json").read_text()
+    r = _invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", engine, "--target", "cpu")
+    _assert_one_line_error(r, "already holds", "--force")
+    assert (engine / "config.json").read_text() == before
+    r = _invoke(
+        "build-engine",
+        "--checkpoint-dir",
+        ckpt,
+        "--output-dir",
+        engine,
+        "--target",
+        "cpu",
+        "--config",
+        "tiny-llama",
+        "--max-seq-len",
+        "64",
+        "--force",
+    )
+    assert r.exit_code == 0, r.output
+
+
+def test_interrupted_build_leaves_nothing(ckpt, tmp_path):
+    out = tmp_path / "engine"
+
+    def interrupt(step: str, done: int, total: int) -> None:
+        if done == total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_engine(ckpt, out, target="cpu", progress=interrupt)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_flags(ckpt, engine, tmp_path):
+    out = tmp_path / "e"
+    _assert_one_line_error(
+        _invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "tpu"),
+        "tpu",
+    )
+    _assert_one_line_error(
+        _invoke(
+            "build-engine",
+            "--checkpoint-dir",
+            ckpt,
+            "--output-dir",
+            out,
+            "--tokens-per-block",
+            "12",
+        ),
+        "power of two",
+    )
+    _assert_one_line_error(
+        _invoke(
+            "build-engine",
+            "--checkpoint-dir",
+            ckpt,
+            "--output-dir",
+            out,
+            "--config",
+            "no-such-preset",
+        ),
+        "no-such-preset",
+    )
+    _assert_one_line_error(
+        _invoke("build-engine", "--checkpoint-dir", tmp_path / "nope", "--output-dir", out),
+        "checkpoint",
+    )
+    _assert_one_line_error(
+        _invoke(
+            "run-engine",
+            "--engine-dir",
+            engine,
+            "--input-text",
+            "x",
+            "--max-output-len",
+            "2",
+            "--top-p",
+            "1.5",
+        ),
+        "top_p",
+    )
+    _assert_one_line_error(
+        _invoke(
+            "run-engine",
+            "--engine-dir",
+            tmp_path / "none",
+            "--input-text",
+            "x",
+            "--max-output-len",
+            "2",
+        ),
+        "does not exist",
+    )
+    assert not out.exists()
