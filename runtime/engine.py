@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from ingot.plugins import get_spec
 
 from .config import BuildConfig, ModelConfig, QuantConfig

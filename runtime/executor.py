@@ -13,14 +13,14 @@ import torch
 
 from .engine import LoadedEngine
 from .errors import ConfigError, RequestError
-from .kv_cache import KVCache, kv_bytes_per_block
+from .kv_cache import KVCache
+from .memory import num_kv_blocks as default_num_kv_blocks
 from .model import AttnMetadata, Decoder, Ops
 from .sampler import RequestSampler
 from .scheduler import Scheduler, SchedulerConfig
 from .types import FinishReason, Request, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_KV_BUDGET_BYTES = 4 << 30
 
 # Called after each step with (request, new token id); text-level stop checks live above this.
 TokenCallback = Callable[[Request, int], None]
@@ -30,9 +30,11 @@ StopCheck = Callable[[Request], bool]
 class Executor:
     """Serves many requests at once from one loaded engine.
 
-    num_kv_blocks: size of the KV pool; default is enough for max_batch_size sequences of
-    max_seq_len tokens (bounded by a memory budget). policy: "guaranteed_no_evict" or
-    "max_utilization" (the C++ core's admission policies).
+    num_kv_blocks: size of the KV pool; default: on the CPU enough for max_batch_size sequences
+    of max_seq_len tokens (within a budget), on a GPU `kv_cache_free_gpu_memory_fraction` of
+    the memory left after weights and activations. policy: "guaranteed_no_evict" or
+    "max_utilization" (the C++ core's admission policies). cuda_graphs: replay decode steps
+    from graphs captured per batch-size bucket (GPU only).
     """
 
     def __init__(
@@ -42,6 +44,8 @@ class Executor:
         num_kv_blocks: int | None = None,
         policy: str = "guaranteed_no_evict",
         enable_prefix_reuse: bool = True,
+        kv_cache_free_gpu_memory_fraction: float = 0.9,
+        cuda_graphs: bool = True,
     ) -> None:
         cfg = engine.config
         self.config = cfg
@@ -50,12 +54,9 @@ class Executor:
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
         self.decoder = Decoder(cfg.model, weights, Ops(cfg))
         b = cfg.build
-        blocks_per_seq = -(-b.max_seq_len // b.tokens_per_block)
         if num_kv_blocks is None:
-            per_block = kv_bytes_per_block(cfg.model, b.tokens_per_block, self.dtype)
-            num_kv_blocks = min(
-                b.max_batch_size * blocks_per_seq,
-                max(blocks_per_seq, CPU_KV_BUDGET_BYTES // per_block),
+            num_kv_blocks = default_num_kv_blocks(
+                cfg.model, b, self.dtype, self.device, kv_cache_free_gpu_memory_fraction
             )
         if num_kv_blocks <= 0:
             raise ConfigError(f"the KV cache needs at least one block, got {num_kv_blocks}")
@@ -71,6 +72,18 @@ class Executor:
                 enable_prefix_reuse=enable_prefix_reuse,
             )
         )
+        self.graphs = None
+        if cuda_graphs and self.device.type == "cuda":
+            from .cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.decoder,
+                self.kv,
+                b.max_batch_size,
+                self.scheduler.config.max_blocks_per_seq,
+                b.max_seq_len,
+                self.device,
+            )
         self.eos_ids = set(cfg.model.eos_token_ids)
         self.requests: dict[int, Request] = {}
         self._samplers: dict[int, RequestSampler] = {}
@@ -112,42 +125,22 @@ class Executor:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
-        dev = self.device
-        qsl = torch.from_numpy(np.asarray(plan.query_start_loc)).to(dev)
-        meta = AttnMetadata(
-            slot_mapping=torch.from_numpy(np.asarray(plan.slot_mapping)).to(dev),
-            block_tables=torch.from_numpy(np.asarray(plan.block_tables)).to(dev),
-            context_lens=torch.from_numpy(np.asarray(plan.context_lens)).to(dev),
-            query_start_loc=qsl,
-            max_context_len=int(np.max(plan.context_lens)),
-            is_decode=plan.num_prefill == 0,
-        )
-        ids = torch.from_numpy(np.asarray(plan.input_ids)).to(dev)
-        pos = torch.from_numpy(np.asarray(plan.positions)).to(dev)
-        hidden = self.decoder.forward(ids, pos, meta, self.kv)
-        self._keep_prompt_logits(plan, hidden)
         samples = np.asarray(plan.samples).astype(bool)
         rows = np.nonzero(samples)[0]
+        logits = self._logits(plan, rows)
         new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
         finish = np.zeros(plan.num_seqs, dtype=np.int8)
-        if rows.size:
-            last = torch.from_numpy(np.asarray(plan.query_start_loc)[rows + 1] - 1).to(dev)
-            logits = self.decoder.logits(hidden[last.long()]).cpu()
-            seq_ids = np.asarray(plan.seq_ids)
-            for j, b in enumerate(rows.tolist()):
-                req = self.requests[int(seq_ids[b])]
-                seen = None
-                if req.params.repetition_penalty != 1.0:
-                    seen = torch.tensor(req.prompt_ids + req.output_ids)
-                tok = self._samplers[req.request_id].sample(logits[j], seen)
-                req.output_ids.append(tok)
-                new_tokens[b] = tok
-                if tok in self.eos_ids and not req.params.ignore_eos:
-                    finish[b] = FinishReason.EOS
-                elif stop_check is not None and stop_check(req):
-                    finish[b] = FinishReason.STOP
-                if on_token is not None:
-                    on_token(req, tok)
+        seq_ids = np.asarray(plan.seq_ids)
+        reqs = [self.requests[int(seq_ids[b])] for b in rows.tolist()]
+        for b, req, tok in zip(rows.tolist(), reqs, self._sample(reqs, logits), strict=True):
+            req.output_ids.append(tok)
+            new_tokens[b] = tok
+            if tok in self.eos_ids and not req.params.ignore_eos:
+                finish[b] = FinishReason.EOS
+            elif stop_check is not None and stop_check(req):
+                finish[b] = FinishReason.STOP
+            if on_token is not None:
+                on_token(req, tok)
         done = []
         for rid, reason in self.scheduler.update(new_tokens, finish):
             req = self.requests[rid]
@@ -155,6 +148,50 @@ class Executor:
             self._forget(rid)
             done.append(req)
         return done
+
+    def _logits(self, plan, rows: np.ndarray) -> torch.Tensor:
+        """Run the step; float32 logits [len(rows), V] (on the device) of the sampling rows."""
+        if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
+            return self.graphs.run(plan)  # decode: every row samples
+        dev = self.device
+        qsl = np.asarray(plan.query_start_loc)
+
+        def put(a) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(a)).to(dev, non_blocking=True)
+
+        meta = AttnMetadata(
+            slot_mapping=put(plan.slot_mapping),
+            block_tables=put(plan.block_tables),
+            context_lens=put(plan.context_lens),
+            query_start_loc=put(qsl),
+            max_context_len=int(np.max(plan.context_lens)),
+            max_query_len=int(np.max(plan.num_new_tokens)),
+        )
+        hidden = self.decoder.forward(put(plan.input_ids), put(plan.positions), meta, self.kv)
+        self._keep_prompt_logits(plan, hidden)
+        last = torch.from_numpy(qsl[rows + 1] - 1).to(dev)
+        return self.decoder.logits(hidden[last.long()])
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        """One token per request; greedy rows take one batched argmax on the device."""
+        out = [0] * len(reqs)
+        greedy = [
+            j
+            for j, r in enumerate(reqs)
+            if self._samplers[r.request_id].is_greedy and r.params.repetition_penalty == 1.0
+        ]
+        if greedy:
+            picked = logits[greedy].argmax(dim=-1) if len(greedy) < len(reqs) else logits.argmax(-1)
+            for j, tok in zip(greedy, picked.tolist(), strict=True):
+                out[j] = tok
+        for j, req in enumerate(reqs):
+            if j in greedy:
+                continue
+            seen = None
+            if req.params.repetition_penalty != 1.0:
+                seen = torch.tensor(req.prompt_ids + req.output_ids)
+            out[j] = self._samplers[req.request_id].sample(logits[j].float().cpu(), seen)
+        return out
 
     def _keep_prompt_logits(self, plan, hidden: torch.Tensor) -> None:
         """Logits of every computed prompt position, for requests that asked (scoring)."""

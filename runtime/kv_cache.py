@@ -10,12 +10,10 @@ import torch
 from .config import ModelConfig
 
 
-def kv_bytes_per_block(cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return cfg.num_layers * 2 * tokens_per_block * cfg.kv_size * elem
-
-
 class KVCache:
+    """`num_blocks` blocks for the scheduler plus one scratch block (index num_blocks) that
+    padded rows of a captured decode graph write to and read from."""
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -43,6 +41,10 @@ class KVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k_cache, v_cache) of layer i: each [num_blocks, tokens_per_block, Hkv, hd]."""
         return self.data[i, 0], self.data[i, 1]
+
+    @property
+    def scratch_block(self) -> int:
+        return self.num_blocks
 
     @property
     def nbytes(self) -> int:

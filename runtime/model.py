@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from ingot.plugins import get_spec, load, target_kind
 
 from .config import ModelConfig
@@ -27,8 +28,8 @@ class AttnMetadata:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     query_start_loc: torch.Tensor
-    max_context_len: int
-    is_decode: bool
+    max_context_len: int  # an upper bound is fine (sizes GPU grids)
+    max_query_len: int  # 1 means every sequence decodes one token
 
 
 class Ops:

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
 from ingot.runtime.engine import load_engine
 from ingot.runtime.executor import Executor
 from ingot.runtime.types import FinishReason, SamplingParams
-from transformers import AutoModelForCausalLM
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 PROMPT_LENS = [3, 9, 17, 30, 41, 64]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
@@ -12,7 +14,6 @@ from ingot.plugins.rope.reference import inv_freq
 from ingot.runtime.engine import load_engine
 from ingot.runtime.kv_cache import KVCache
 from ingot.runtime.model import AttnMetadata, Decoder, Ops
-from transformers import AutoModelForCausalLM
 
 
 def _meta_for_prefill(lengths: list[int], bs: int, blocks_per_seq: int) -> AttnMetadata:
@@ -30,7 +31,7 @@ def _meta_for_prefill(lengths: list[int], bs: int, blocks_per_seq: int) -> AttnM
         torch.tensor(lengths, dtype=i32),
         torch.tensor(qsl, dtype=i32),
         max(lengths),
-        False,
+        max(lengths),
     )
 
 

@@ -41,6 +41,10 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_context_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -48,9 +52,11 @@ def paged_attention(
     are its last positions (context_lens[b] - q_len ... context_lens[b] - 1). The KV of those
     positions must already be written. GQA: Hq is a multiple of Hkv.
     sliding_window: a query at position i sees keys j with i - sliding_window < j <= i.
+    max_query_len / max_context_len: batch metadata GPU kernels use to size their grids (the
+    reference derives what it needs). out: optional [T, Hq, hd] result buffer.
     Returns [T, Hq, hd] in q.dtype.
     """
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     hq = q.shape[1]
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()

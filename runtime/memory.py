@@ -1,0 +1,61 @@
+"""How many KV blocks fit: the CPU gets a fixed budget, a GPU a fraction of what is free."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import BuildConfig, ModelConfig
+from .errors import ConfigError
+
+CPU_KV_BUDGET_BYTES = 4 << 30
+
+
+def kv_bytes_per_block(cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return cfg.num_layers * 2 * tokens_per_block * cfg.kv_size * elem
+
+
+def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:
+    """Upper bound of one step's live activations at max_num_tokens (plus float32 logits)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    t = build.max_num_tokens
+    per_token = (
+        cfg.qkv_size + 2 * cfg.intermediate_size + cfg.intermediate_size + 4 * cfg.hidden_size
+    )
+    logits = build.max_batch_size * cfg.vocab_size * 4
+    return t * per_token * elem + 2 * logits
+
+
+def num_kv_blocks(
+    cfg: ModelConfig,
+    build: BuildConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    free_gpu_memory_fraction: float = 0.9,
+) -> int:
+    """KV pool size. CPU: enough for max_batch_size full sequences, within a fixed budget.
+    GPU: `free_gpu_memory_fraction` of the memory left after weights and one step's
+    activations (call after the weights are on the device)."""
+    per_block = kv_bytes_per_block(cfg, build.tokens_per_block, dtype)
+    blocks_per_seq = -(-build.max_seq_len // build.tokens_per_block)
+    if device.type != "cuda":
+        return min(
+            build.max_batch_size * blocks_per_seq,
+            max(blocks_per_seq, CPU_KV_BUDGET_BYTES // per_block),
+        )
+    if not 0.0 < free_gpu_memory_fraction <= 1.0:
+        raise ConfigError(
+            f"--kv-cache-free-gpu-memory-fraction must be in (0, 1], got {free_gpu_memory_fraction}"
+        )
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    budget = int((free - activation_bytes(cfg, build, dtype)) * free_gpu_memory_fraction)
+    blocks = budget // per_block
+    if blocks < blocks_per_seq:
+        raise ConfigError(
+            f"out of GPU memory: the KV cache needs {blocks_per_seq * per_block / 2**30:.2f} GiB for "
+            f"one {build.max_seq_len}-token sequence but {max(budget, 0) / 2**30:.2f} GiB is left",
+            "raise --kv-cache-free-gpu-memory-fraction, or rebuild with a smaller --max-seq-len "
+            "or --max-num-tokens",
+        )
+    return int(blocks)

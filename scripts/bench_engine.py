@@ -1,0 +1,261 @@
+"""End-to-end engine benchmark beside transformers eager, on one workload, in one run.
+
+Makes a Llama-3.1-8B-shaped model with random bf16 weights (nothing downloaded), runs
+convert -> build -> load with ingot (timing build and load), then measures batch-1 decode tok/s,
+time to first token at 128 and 2,048 prompt tokens, and batch-64 throughput at 128 in / 128 out,
+for ingot and for transformers eager `generate` on the same weights. Writes JSON.
+
+    python scripts/bench_engine.py --out out/bench_engine.json            # on the H200
+    python scripts/bench_engine.py --tiny --device cpu --out /tmp/b.json  # smoke test anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_model(shape: dict, device: torch.device, out_dir: Path):
+    """Random bf16 Llama on `device`, saved as an HF dir with a small offline tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ingot.compiler.examples import make_tokenizer
+
+    cfg = LlamaConfig(**shape, dtype="bfloat16", bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None  # run every request to its full length
+    model.save_pretrained(out_dir, max_shard_size="5GB")
+    make_tokenizer("llama").save_pretrained(out_dir)
+    return model
+
+
+def measure_bandwidth(device: torch.device) -> float | None:
+    """Device-to-device copy, bytes read + written per second."""
+    if device.type != "cuda":
+        return None
+    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    sync(device)
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab, (n, length), generator=g).tolist()
+
+
+def hf_measure(model, device, vocab: int, args) -> dict:
+    def gen(batch: list[list[int]], new: int) -> float:
+        ids = torch.tensor(batch, device=device)
+        sync(device)
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new,
+                pad_token_id=0,
+            )
+        sync(device)
+        return time.perf_counter() - t
+
+    gen(prompts(1, 16, vocab, 1), 4)  # warm-up
+    ttft = {
+        n: statistics.median(gen(prompts(1, n, vocab, 10 + i), 1) for i in range(3))
+        for n in args.ttft_lens
+    }
+    total = gen(prompts(1, 128, vocab, 20), args.decode_tokens)
+    decode_s = total - ttft.get(128, 0.0)
+    tput = gen(prompts(args.batch, args.tput_in, vocab, 30), args.tput_out)
+    return {
+        "decode_b1_tok_s": (args.decode_tokens - 1) / decode_s,
+        "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
+        f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
+    }
+
+
+def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.executor import Executor
+    from ingot.runtime.types import SamplingParams
+
+    sync(device)
+    t = time.perf_counter()
+    ex = Executor(load_engine(engine_dir, device), device, enable_prefix_reuse=False)
+    sync(device)
+    load_s = time.perf_counter() - t
+
+    def serve(batch: list[list[int]], new: int) -> tuple[float, float]:
+        """(seconds to the first token of the batch, seconds to finish)."""
+        params = SamplingParams(max_new_tokens=new, ignore_eos=True)
+        sync(device)
+        t0 = time.perf_counter()
+        for p in batch:
+            ex.add_request(p, params)
+        first = None
+        while ex.has_unfinished():
+            ex.step()
+            if first is None:
+                sync(device)
+                first = time.perf_counter() - t0
+        sync(device)
+        return first, time.perf_counter() - t0
+
+    serve(prompts(2, 16, vocab, 1), 4)  # warm-up
+    ttft = {
+        n: statistics.median(serve(prompts(1, n, vocab, 10 + i), 1)[0] for i in range(5))
+        for n in args.ttft_lens
+    }
+    first, total = serve(prompts(1, 128, vocab, 20), args.decode_tokens)
+    _, tput = serve(prompts(args.batch, args.tput_in, vocab, 30), args.tput_out)
+    m = ex.config.model
+    return {
+        "load_s": load_s,
+        "kv_blocks": ex.kv.num_blocks,
+        "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),
+        "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
+        f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
+        # NOTE: what a decode step reads: every weight but the embedding table (one row per
+        # token) and the RoPE tables (one row per token).
+        "weight_bytes": sum(
+            t.numel() * t.element_size()
+            for n, t in ex.decoder.w.items()
+            if n != "embed.weight" and not n.startswith("rope.")
+        ),
+        "layers": m.num_layers,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
+    ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir)")
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--tput-in", type=int, default=128)
+    ap.add_argument("--tput-out", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, default=4096)
+    ap.add_argument("--ttft-lens", type=int, nargs="+", default=[128, 2048])
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    shape = TINY if args.tiny else LLAMA_8B
+    work = args.work or Path(tempfile.mkdtemp(prefix="ingot-bench-"))
+    from ingot.compiler.build import build_engine
+    from ingot.compiler.convert import convert_checkpoint
+
+    result: dict = {
+        "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random bf16)",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    result["bandwidth_bytes_s"] = measure_bandwidth(device)
+    model = make_model(shape, device, work / "hf")
+    if not args.skip_hf:
+        result["hf_eager"] = hf_measure(model, device, shape["vocab_size"], args)
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    t = time.perf_counter()
+    convert_checkpoint(work / "hf", work / "ckpt", dtype="bfloat16", force=True)
+    result["convert_s"] = time.perf_counter() - t
+    shutil.rmtree(work / "hf")
+    target = "cpu" if device.type == "cpu" else "auto"
+    t = time.perf_counter()
+    build_engine(
+        work / "ckpt",
+        work / "engine",
+        target=target,
+        force=True,
+        overrides={
+            "max_batch_size": max(args.batch, 1),
+            "max_seq_len": args.max_seq_len,
+            "max_num_tokens": 8192,
+            "tokens_per_block": 32,
+        },
+    )
+    result["build_s"] = time.perf_counter() - t
+    shutil.rmtree(work / "ckpt")
+    ours = ingot_measure(work / "engine", device, shape["vocab_size"], args)
+    result["ingot"] = ours
+    bw = result["bandwidth_bytes_s"]
+    if bw:
+        # NOTE: bytes per batch-1 decode step ~ every weight once (KV of a short context is small).
+        ours["decode_b1_roofline_tok_s"] = bw / ours["weight_bytes"]
+        ours["decode_b1_fraction_of_roofline"] = (
+            ours["decode_b1_tok_s"] / ours["decode_b1_roofline_tok_s"]
+        )
+    if "hf_eager" in result:
+        hf = result["hf_eager"]
+        result["ratio_ingot_over_hf"] = {
+            "decode_b1": ours["decode_b1_tok_s"] / hf["decode_b1_tok_s"],
+            "throughput": ours[f"throughput_b{args.batch}_out_tok_s"]
+            / hf[f"throughput_b{args.batch}_out_tok_s"],
+            **{f"ttft_{n}_speedup": hf["ttft_ms"][n] / ours["ttft_ms"][n] for n in ours["ttft_ms"]},
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
