@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from ingot.cli.progress import progress_bar
 
 

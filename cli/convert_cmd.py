@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from ingot.runtime.errors import ConfigError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ingot.runtime.errors import ConfigError
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
 from ingot.runtime.errors import IngotError
 from ingot.runtime.version import INGOT_VERSION
-from typer.core import TyperGroup
 
 
 def _click_errors(name: str) -> tuple[type[BaseException], ...]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import yaml
+
 from ingot.plugins import all_specs, target_kind
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
 from ingot.runtime.config import BuildConfig, ModelConfig

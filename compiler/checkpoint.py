@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
 from ingot.runtime.config import ModelConfig, QuantConfig
 from ingot.runtime.errors import CheckpointError
 from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 CHECKPOINT_FORMAT = "ingot-checkpoint"
 CONFIG_FILE = "config.json"

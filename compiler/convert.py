@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+
 from ingot.runtime.config import ModelConfig
 from ingot.runtime.errors import CheckpointError, ConfigError
-from safetensors import SafetensorError, safe_open
 
 from .atomic import atomic_output_dir
 from .checkpoint import (

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ingot.runtime.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from sched_model import ModelScheduler  # noqa: E402
+
+from ingot.runtime.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
 TPB, CONTEXT, MAX_SEQ_LEN, MAX_NUM_TOKENS = 16, 2048, 2304, 65536
 

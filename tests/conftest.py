@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ingot.compiler.examples import make_tiny_hf_model
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+
 from ingot.compiler.atomic import atomic_output_dir
 from ingot.compiler.checkpoint import expected_tensor_shapes, load_checkpoint, sha256_file
 from ingot.compiler.convert import convert_checkpoint
 from ingot.runtime.errors import CheckpointError, ConfigError, OutputExistsError
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TEXTS = [

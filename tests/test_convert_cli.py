@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from ingot.cli.main import app
 from typer.testing import CliRunner
+
+from ingot.cli.main import app
 
 
 def invoke(*args: str | Path):

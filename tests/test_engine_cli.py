@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from ingot.cli.main import app
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
-from typer.testing import CliRunner
 
 
 @pytest.fixture(scope="module")

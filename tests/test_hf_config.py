@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
 from ingot.compiler.hf_config import model_config_from_hf
 from ingot.runtime.errors import CheckpointError, ConfigError
-from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 TINY = dict(
     vocab_size=512,

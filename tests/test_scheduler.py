@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sched_model import fake_next_token
+
 from ingot.runtime.errors import RequestError
 from ingot.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
 from ingot.runtime.types import FinishReason
-from sched_model import fake_next_token
 
 
 def cfg(**kw) -> SchedulerConfig:

@@ -13,10 +13,11 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from sched_model import ModelScheduler, fake_next_token
+
 from ingot.runtime.errors import RequestError
 from ingot.runtime.scheduler import Scheduler, SchedulerConfig
 from ingot.runtime.types import FinishReason
-from sched_model import ModelScheduler, fake_next_token
 
 FIELDS = (
     "seq_ids",
