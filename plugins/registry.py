@@ -33,7 +33,9 @@ class PluginSpec:
     dtypes: activation dtypes the op supports.
     impls: target kind ("cpu", "cuda") -> "module:factory". A factory takes a Tactic (or None)
         and returns the callable the runtime invokes.
-    tactics: target kind -> candidate tactics; the first is the default (used when cross-building).
+    tactics: target kind -> candidate tactics, or "module:ATTR" naming them (imported only when
+        asked for, so CPU-only use never imports Triton); the first is the default (used when
+        cross-building without a GPU).
     """
 
     name: str
@@ -41,16 +43,23 @@ class PluginSpec:
     fields: tuple[tuple[str, str], ...]
     dtypes: tuple[str, ...]
     impls: dict[str, str]
-    tactics: dict[str, tuple[Tactic, ...]] = field(default_factory=dict)
+    tactics: dict[str, tuple[Tactic, ...] | str] = field(default_factory=dict)
+
+    def candidates(self, kind: str) -> tuple[Tactic, ...]:
+        cands = self.tactics.get(kind, ())
+        if isinstance(cands, str):
+            module_name, attr = cands.split(":")
+            cands = tuple(getattr(importlib.import_module(module_name), attr))
+        return cands
 
     def default_tactic(self, kind: str) -> Tactic | None:
-        cands = self.tactics.get(kind, ())
+        cands = self.candidates(kind)
         return cands[0] if cands else None
 
     def find_tactic(self, kind: str, name: str | None) -> Tactic | None:
         if name is None:
             return None
-        for t in self.tactics.get(kind, ()):
+        for t in self.candidates(kind):
             if t.name == name:
                 return t
         raise KeyError(f"plugin {self.name} v{self.version} has no {kind} tactic {name!r}")

@@ -1,0 +1,399 @@
+"""Paged attention for decode (one query per sequence) in Triton, and the `paged_attention`
+entry point that dispatches between it and the prefill kernel.
+
+Decode is flash-decoding with GQA packing. Grid (sequence, kv head, split): one program takes
+one kv head's group of G query heads (a [G, hd] tile, padded to 16 rows for the tensor cores)
+so K/V are read once per group, over one PARTITION of the context. With more than one split,
+each program writes its unnormalised accumulator and (max, sum) in base 2, and a second small
+kernel (grid (sequence, q head)) merges the splits a sequence actually uses. Splits past a
+sequence's context return at once, so the grid can be sized by an upper bound on the context
+(the block table's width by default): no host sync, same launch for every step of a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import Tactic
+from .triton_prefill import LOG2E, PREFILL_TACTICS, launch_prefill
+
+DECODE_TACTICS: tuple[Tactic, ...] = (
+    Tactic(
+        "p128_n32_w4_s3", (("partition", 128), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
+    ),
+    Tactic(
+        "p256_n32_w4_s3", (("partition", 256), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
+    ),
+    Tactic(
+        "p128_n32_w4_s2", (("partition", 128), ("block_n", 32), ("num_warps", 4), ("num_stages", 2))
+    ),
+    Tactic(
+        "p64_n32_w4_s2", (("partition", 64), ("block_n", 32), ("num_warps", 4), ("num_stages", 2))
+    ),
+    Tactic(
+        "p256_n64_w8_s3", (("partition", 256), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
+    ),
+    Tactic(
+        "p128_n64_w8_s2", (("partition", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2))
+    ),
+    Tactic(
+        "p512_n64_w8_s3", (("partition", 512), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
+    ),
+    Tactic(
+        "p512_n32_w4_s4", (("partition", 512), ("block_n", 32), ("num_warps", 4), ("num_stages", 4))
+    ),
+)
+
+_REDUCE_SPLITS = 16  # splits merged per step of the reduce kernel's loop
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    ctx_ptr,
+    out_ptr,
+    po_ptr,
+    pml_ptr,
+    scale_log2,
+    window,
+    G,
+    HD,
+    BS,
+    NUM_SPLITS,
+    sqt,
+    sqh,
+    sot,
+    soh,
+    s_blk,
+    s_tok,
+    s_h,
+    s_bt,
+    SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+    PARTITION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    start = sp * PARTITION
+    lo = start
+    if USE_WINDOW:
+        # the query sits at ctx - 1 and sees keys > ctx - 1 - window
+        lo = tl.maximum(start, (tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N)
+    end = tl.minimum(start + PARTITION, ctx)
+    if lo < end:
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D_PAD)
+        gm = g < G
+        dm = d < HD
+        heads = kvh * G + g
+        q = tl.load(
+            q_ptr + b.to(tl.int64) * sqt + heads[:, None] * sqh + d[None, :],
+            mask=gm[:, None] & dm[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([G_PAD], -1.0e30, tl.float32)
+        l_i = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        for n0 in range(lo, end, BLOCK_N):
+            t = n0 + tl.arange(0, BLOCK_N)
+            tv = t < end
+            if USE_WINDOW:
+                tv = tv & (t > ctx - 1 - window)
+            blk = tl.load(bt_row + t // BS, mask=t < end, other=0).to(tl.int64)
+            off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
+            kv_mask = tv[:, None] & dm[None, :]
+            k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            # NOTE: float32 engines must not round to TF32 (they are checked token for token).
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
+            s = tl.where(tv[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        if SPLIT:
+            # partials: po [B, Hq, NUM_SPLITS, D_PAD] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
+            row = (b * (G * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + sp
+            tl.store(po_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=gm[:, None])
+            tl.store(pml_ptr + row * 2, m_i, mask=gm)
+            tl.store(pml_ptr + row * 2 + 1, l_i, mask=gm)
+        else:
+            l_i = tl.where(l_i > 0.0, l_i, 1.0)
+            o = acc / l_i[:, None]
+            tl.store(
+                out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=gm[:, None] & dm[None, :],
+            )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    po_ptr,
+    pml_ptr,
+    ctx_ptr,
+    out_ptr,
+    window,
+    HD,
+    NUM_SPLITS,
+    sot,
+    soh,
+    USE_WINDOW: tl.constexpr,
+    PARTITION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SB: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    n_hi = tl.cdiv(ctx, PARTITION)
+    s_lo = 0
+    if USE_WINDOW:
+        s_lo = ((tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N) // PARTITION
+    d = tl.arange(0, D_PAD)
+    base = (b * tl.num_programs(1) + h).to(tl.int64) * NUM_SPLITS
+    m_run = tl.max(tl.full([SB], -1.0e30, tl.float32), axis=0)
+    l_run = tl.sum(tl.zeros([SB], tl.float32), axis=0)
+    acc = tl.zeros([D_PAD], tl.float32)
+    for s0 in range(s_lo, n_hi, SB):
+        ss = s0 + tl.arange(0, SB)
+        sm = ss < n_hi
+        m = tl.load(pml_ptr + (base + ss) * 2, mask=sm, other=-1.0e30)
+        lsum = tl.load(pml_ptr + (base + ss) * 2 + 1, mask=sm, other=0.0)
+        o = tl.load(po_ptr + (base + ss)[:, None] * D_PAD + d[None, :], mask=sm[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        alpha = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)
+        l_run = l_run * alpha + tl.sum(w * lsum, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        m_run = m_new
+    l_run = tl.where(l_run > 0.0, l_run, 1.0)
+    tl.store(
+        out_ptr + b.to(tl.int64) * sot + h * soh + d,
+        (acc / l_run).to(out_ptr.dtype.element_ty),
+        mask=d < HD,
+    )
+
+
+def launch_decode(
+    q, k_cache, v_cache, block_tables, context_lens, scale, window, max_context_len, out, params
+) -> None:
+    """q: [B, Hq, hd] (one query per sequence, row b = sequence b). `window` <= 0: none.
+    `max_context_len` (an upper bound is fine) sizes the split grid."""
+    B, hq, hd = q.shape
+    hkv = k_cache.shape[2]
+    if B == 0:
+        return
+    g = hq // hkv
+    part = int(params.get("partition", 256))
+    block_n = min(int(params.get("block_n", 64)), part)
+    num_warps = int(params.get("num_warps", 4))
+    num_stages = int(params.get("num_stages", 2))
+    num_splits = max(1, triton.cdiv(max_context_len, part))
+    d_pad = max(16, triton.next_power_of_2(hd))
+    split = num_splits > 1
+    if split:
+        po = torch.empty((B, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
+        pml = torch.empty((B, hq, num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        po = pml = out
+    use_window = window > 0
+    _decode_kernel[(B, hkv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        po,
+        pml,
+        float(scale) * LOG2E,
+        int(window),
+        g,
+        hd,
+        k_cache.shape[1],
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        SPLIT=split,
+        USE_WINDOW=use_window,
+        IEEE=q.dtype == torch.float32,
+        PARTITION=part,
+        BLOCK_N=block_n,
+        G_PAD=max(16, triton.next_power_of_2(g)),
+        D_PAD=d_pad,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if split:
+        _decode_reduce_kernel[(B, hq)](
+            po,
+            pml,
+            context_lens,
+            out,
+            int(window),
+            hd,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            USE_WINDOW=use_window,
+            PARTITION=part,
+            BLOCK_N=block_n,
+            SB=_REDUCE_SPLITS,
+            D_PAD=d_pad,
+            num_warps=4,
+        )
+
+
+def combine_tactics(decode: Tactic, prefill: Tactic) -> Tactic:
+    """One paged_attention tactic from a decode tactic and a prefill tactic (timed separately)."""
+    params = tuple(("dec_" + k, v) for k, v in decode.params)
+    params += tuple(("pf_" + k, v) for k, v in prefill.params)
+    return Tactic(f"{decode.name}+{prefill.name}", params)
+
+
+PAGED_ATTENTION_TACTICS: tuple[Tactic, ...] = tuple(
+    [combine_tactics(DECODE_TACTICS[0], p) for p in PREFILL_TACTICS]
+    + [combine_tactics(dt, PREFILL_TACTICS[0]) for dt in DECODE_TACTICS[1:]]
+)
+
+
+def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
+    if tactic is None:
+        return DECODE_TACTICS[0].as_dict(), PREFILL_TACTICS[0].as_dict()
+    p = tactic.as_dict()
+    dec = {k[4:]: v for k, v in p.items() if k.startswith("dec_")}
+    pf = {k[3:]: v for k, v in p.items() if k.startswith("pf_")}
+    return dec or DECODE_TACTICS[0].as_dict(), pf or PREFILL_TACTICS[0].as_dict()
+
+
+def make_decode_attention(tactic: Tactic | None = None):
+    """The decode kernel alone: q [B, Hq, hd], exactly one query per sequence."""
+    params = (tactic or DECODE_TACTICS[0]).as_dict()
+
+    def decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        scale,
+        sliding_window=None,
+        *,
+        max_context_len=None,
+        out=None,
+    ):
+        out = torch.empty_like(q) if out is None else out
+        if max_context_len is None:
+            max_context_len = block_tables.shape[1] * k_cache.shape[1]
+        launch_decode(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            scale,
+            int(sliding_window) if sliding_window else 0,
+            int(max_context_len),
+            out,
+            params,
+        )
+        return out
+
+    return decode_attention
+
+
+def make_paged_attention(tactic: Tactic | None = None):
+    dec_params, pf_params = _split_params(tactic)
+
+    def paged_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        *,
+        max_query_len: int | None = None,
+        max_context_len: int | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The reference's contract (q: [T, Hq, hd] packed -> [T, Hq, hd]), plus metadata:
+
+        max_query_len: the longest q_len in the batch; 1 selects the decode kernel (then row b
+            of q must be sequence b's query). If None it is derived with ONE host sync — pass it
+            on the hot path (CUDA-graph capture forbids the sync).
+        max_context_len: an upper bound on context_lens for sizing the decode split grid; None
+            uses the block table's width * block size (no sync).
+        out: optional [T, Hq, hd] output (e.g. a static buffer in a captured graph).
+        """
+        out = torch.empty_like(q) if out is None else out
+        window = int(sliding_window) if sliding_window else 0
+        if max_query_len is None:
+            if q.shape[0] == 0:
+                return out
+            # NOTE: host sync; the runtime passes max_query_len instead.
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        if max_query_len == 1 and q.shape[0] == context_lens.shape[0]:
+            if max_context_len is None:
+                max_context_len = block_tables.shape[1] * k_cache.shape[1]
+            launch_decode(
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                context_lens,
+                scale,
+                window,
+                int(max_context_len),
+                out,
+                dec_params,
+            )
+        else:
+            launch_prefill(
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                context_lens,
+                query_start_loc,
+                scale,
+                window,
+                int(max_query_len),
+                out,
+                pf_params,
+            )
+        return out
+
+    return paged_attention

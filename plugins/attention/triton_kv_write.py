@@ -1,0 +1,95 @@
+"""Paged KV-cache write in Triton; same contract as `reference.write_kv`.
+
+One program per token copies its Hkv x hd keys and values into the flat slot
+block * block_size + offset. Slots < 0 are skipped (padding tokens in a captured batch).
+For the decoder's hot path prefer `rope.triton_kernels.make_rope_write_kv` (RoPE fused in).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import Tactic
+
+KV_WRITE_TACTICS: tuple[Tactic, ...] = (
+    Tactic("w4", (("num_warps", 4),)),
+    Tactic("w2", (("num_warps", 2),)),
+    Tactic("w8", (("num_warps", 8),)),
+)
+
+
+@triton.jit
+def _kv_write_kernel(
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    HKV,
+    HD,
+    skt,
+    skh,
+    svt,
+    svh,
+    sc_slot,
+    sc_h,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        h = tl.arange(0, H_PAD)[:, None]
+        d = tl.arange(0, D_PAD)[None, :]
+        m = (h < HKV) & (d < HD)
+        k = tl.load(k_ptr + t * skt + h * skh + d, mask=m)
+        v = tl.load(v_ptr + t * svt + h * svh + d, mask=m)
+        dst = slot * sc_slot + h * sc_h + d
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+def make_write_kv(tactic: Tactic | None = None):
+    params = (tactic or KV_WRITE_TACTICS[0]).as_dict()
+
+    def write_kv(
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Scatter k, v: [T, Hkv, hd] into caches [num_blocks, block_size, Hkv, hd] at slots [T]."""
+        T, hkv, hd = k.shape
+        if k.stride(-1) != 1 or v.stride(-1) != 1:
+            raise ValueError("write_kv: the last (head_dim) dimension must be contiguous")
+        bs = k_cache.shape[1]
+        if k_cache.stride(0) != bs * k_cache.stride(1) or k_cache.stride() != v_cache.stride():
+            raise ValueError(
+                "write_kv: caches must be [num_blocks, block_size, Hkv, hd] with "
+                "blocks contiguous and k/v sharing one layout"
+            )
+        if T == 0:
+            return
+        _kv_write_kernel[(T,)](
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            hkv,
+            hd,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            H_PAD=triton.next_power_of_2(hkv),
+            D_PAD=triton.next_power_of_2(hd),
+            num_warps=int(params.get("num_warps", 4)),
+        )
+
+    return write_kv

@@ -1,0 +1,226 @@
+"""Paged causal attention for prefill (and chunked prefill / prefix reuse) in Triton.
+
+Semantics are `reference.paged_attention`'s: sequence b's queries are rows
+query_start_loc[b]:query_start_loc[b+1] of the packed q and sit at the LAST q_len positions of its
+context, whose keys and values (cached prefix included) are already in the paged cache.
+
+Grid (query tile, q head, sequence): one program runs a FlashAttention-2 style online softmax for
+BLOCK_M queries of one head over the keys it may see (causal, optionally a sliding window),
+gathering K/V rows through the block table. Tiles past a sequence's q_len exit at once, so the
+grid is sized by max_query_len, never by tensor values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import Tactic
+
+PREFILL_TACTICS: tuple[Tactic, ...] = (
+    Tactic(
+        "m128_n64_w8_s2", (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2))
+    ),
+    Tactic(
+        "m128_n32_w8_s3", (("block_m", 128), ("block_n", 32), ("num_warps", 8), ("num_stages", 3))
+    ),
+    Tactic(
+        "m64_n64_w8_s3", (("block_m", 64), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
+    ),
+    Tactic(
+        "m64_n32_w4_s3", (("block_m", 64), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
+    ),
+    Tactic(
+        "m128_n64_w8_s3", (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
+    ),
+    Tactic(
+        "m16_n64_w4_s2", (("block_m", 16), ("block_n", 64), ("num_warps", 4), ("num_stages", 2))
+    ),
+)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    ctx_ptr,
+    qsl_ptr,
+    out_ptr,
+    scale_log2,
+    window,
+    G,
+    HD,
+    BS,
+    sqt,
+    sqh,
+    sot,
+    soh,
+    s_blk,
+    s_tok,
+    s_h,
+    s_bt,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    mt = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q0 = tl.load(qsl_ptr + b)
+    qlen = tl.load(qsl_ptr + b + 1) - q0
+    if mt * BLOCK_M < qlen:
+        ctx = tl.load(ctx_ptr + b)
+        kvh = h // G
+        offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        d = tl.arange(0, D_PAD)
+        dm = d < HD
+        rows = (q0 + offs_m).to(tl.int64)
+        mrow = offs_m < qlen
+        q = tl.load(
+            q_ptr + rows[:, None] * sqt + h * sqh + d[None, :],
+            mask=mrow[:, None] & dm[None, :],
+            other=0.0,
+        )
+        first = ctx - qlen + mt * BLOCK_M  # position of the tile's first query
+        qpos = first + tl.arange(0, BLOCK_M)
+        hi = tl.minimum(ctx, first + BLOCK_M)
+        lo = 0
+        if USE_WINDOW:
+            lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        for n0 in range(lo, hi, BLOCK_N):
+            t = n0 + tl.arange(0, BLOCK_N)
+            tv = t < hi
+            blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
+            off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
+            kv_mask = tv[:, None] & dm[None, :]
+            k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            # NOTE: float32 engines must not round to TF32 (they are checked token for token).
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
+            vis = (t[None, :] <= qpos[:, None]) & tv[None, :]
+            if USE_WINDOW:
+                vis = vis & (t[None, :] > qpos[:, None] - window)
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        l_i = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_i[:, None]
+        tl.store(
+            out_ptr + rows[:, None] * sot + h * soh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=mrow[:, None] & dm[None, :],
+        )
+
+
+def launch_prefill(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    scale,
+    window,
+    max_query_len,
+    out,
+    params,
+) -> None:
+    """Launch the prefill kernel. `window` <= 0 means no sliding window; `max_query_len` sizes
+    the grid (an upper bound is fine)."""
+    T, hq, hd = q.shape
+    hkv = k_cache.shape[2]
+    B = context_lens.shape[0]
+    if T == 0 or B == 0 or max_query_len <= 0:
+        return
+    block_m = int(params.get("block_m", 128))
+    grid = (triton.cdiv(max_query_len, block_m), hq, B)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        out,
+        float(scale) * LOG2E,
+        int(window),
+        hq // hkv,
+        hd,
+        k_cache.shape[1],
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        USE_WINDOW=window > 0,
+        IEEE=q.dtype == torch.float32,
+        BLOCK_M=block_m,
+        BLOCK_N=int(params.get("block_n", 64)),
+        D_PAD=max(16, triton.next_power_of_2(hd)),
+        num_warps=int(params.get("num_warps", 4)),
+        num_stages=int(params.get("num_stages", 2)),
+    )
+
+
+def make_prefill_attention(tactic: Tactic | None = None):
+    """The prefill kernel alone (any q_len per sequence), with the reference's contract."""
+    params = (tactic or PREFILL_TACTICS[0]).as_dict()
+
+    def prefill_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        *,
+        max_query_len: int | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q) if out is None else out
+        if max_query_len is None:
+            max_query_len = q.shape[0]  # upper bound; no host sync
+        window = int(sliding_window) if sliding_window else 0
+        launch_prefill(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            scale,
+            window,
+            max_query_len,
+            out,
+            params,
+        )
+        return out
+
+    return prefill_attention

@@ -1,0 +1,108 @@
+"""Tactic timing on the build GPU: the builder times each candidate and keeps the fastest."""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from .registry import Tactic, get_spec
+
+InputsFn = Callable[[], "tuple[tuple[Any, ...], dict[str, Any]]"]
+
+
+def resolve_factory(spec_name: str) -> Callable[[Tactic | None], Callable[..., Any]]:
+    """The registry's "cuda" factory of `spec_name`."""
+    module_name, attr = get_spec(spec_name).impls["cuda"].split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _median_ms_events(fn: Callable[[], Any], repeats: int, flush: Any) -> float:
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def _median_ms_graph(fn: Callable[[], Any], repeats: int, flush: Any, calls: int = 10) -> float:
+    """(graph of `calls` x [flush, fn]) minus (graph of `calls` x [flush]), per call: device
+    time as a captured decode step sees it, without host launch latency."""
+    import torch
+
+    graphs = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for with_fn in (True, False):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(calls):
+                    flush.zero_()
+                    if with_fn:
+                        fn()
+            graphs.append(g)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    samples = {0: [], 1: []}
+    for _ in range(repeats):
+        for i, g in enumerate(graphs):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            torch.cuda.synchronize()
+            samples[i].append(s.elapsed_time(e))
+    diff = statistics.median(samples[0]) - statistics.median(samples[1])
+    return max(diff, 0.0) / calls
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    import torch
+
+    # NOTE: flush L2 between calls so a kernel is timed on cold data, the way it runs inside a
+    # model step. Graph replay keeps host launch latency out (decode runs as CUDA graphs); a fn
+    # that cannot be captured (host syncs) is timed with events around each call instead.
+    flush = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    try:
+        return _median_ms_graph(fn, max(5, repeats // 5), flush)
+    except Exception:  # noqa: BLE001 - not capturable: fall back to per-call events
+        torch.cuda.synchronize()
+        return _median_ms_events(fn, repeats, flush)
+
+
+def time_tactics(
+    spec_name: str,
+    candidates: tuple[Tactic, ...] | list[Tactic],
+    make_inputs: InputsFn,
+    repeats: int = 50,
+    factory: Callable[[Tactic | None], Callable[..., Any]] | None = None,
+) -> list[tuple[Tactic, float]]:
+    """Median milliseconds per call of each candidate, fastest first.
+
+    make_inputs() -> (args, kwargs) for one call; it is called once and shared by every
+    candidate. A candidate that fails to compile or launch (e.g. out of shared memory) is
+    reported with float('inf') rather than aborting the build. `factory` overrides the lookup
+    of the plugin's cuda factory (used to time a sub-kernel, e.g. decode attention alone).
+    """
+    factory = factory or resolve_factory(spec_name)
+    args, kwargs = make_inputs()
+    results: list[tuple[Tactic, float]] = []
+    for tactic in candidates:
+        fn = factory(tactic)
+        try:
+            ms = _median_ms(lambda fn=fn: fn(*args, **kwargs), repeats)
+        except Exception:  # noqa: BLE001 - a failing tactic is skipped, not fatal
+            ms = float("inf")
+        results.append((tactic, ms))
+    return sorted(results, key=lambda r: r[1])
