@@ -42,6 +42,12 @@ def build_engine_cmd(
         "--config",
         help="Build preset: a YAML path or a name from ingot's configs/ (flags override it).",
     ),
+    tactics: str = typer.Option(
+        "auto",
+        "--tactics",
+        help="auto: time each kernel's candidates on the target GPU and keep the fastest "
+        "(default tactics when this machine lacks that GPU); default: skip timing.",
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
     ),
@@ -64,5 +70,6 @@ def build_engine_cmd(
             target=target,
             force=force,
             progress=progress,
+            tactics=tactics,
         )
     typer.echo(f"engine written to {out}")

@@ -36,7 +36,9 @@ def inspect_engine_cmd(
     )
     typer.echo("plugins")
     for p in cfg.plugins:
-        typer.echo(f"  {p.name:<16} v{p.version}  tactic {p.tactic or '-'}")
+        label = f"{p.name}@{p.site}" if p.site else p.name
+        timed = f"  ({min(p.timings_ms.values()):.4f} ms)" if p.timings_ms else ""
+        typer.echo(f"  {label:<22} v{p.version}  tactic {p.tactic or '-'}{timed}")
     for name, digest in cfg.rank_files.items():
         f = EngineFile(engine_dir / name)
         size = (engine_dir / name).stat().st_size

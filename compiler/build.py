@@ -19,12 +19,13 @@ import yaml
 from ingot.plugins import all_specs, target_kind
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
 from ingot.runtime.config import BuildConfig, ModelConfig
-from ingot.runtime.engine import EngineConfig, PluginChoice, sha256_file, write_engine_config
+from ingot.runtime.engine import EngineConfig, PluginChoice, write_engine_config
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
 
 from .atomic import atomic_output_dir
 from .checkpoint import TOKENIZER_DIR, load_checkpoint
+from .tactic_select import can_time_on, default_choices, timed_choices
 
 Progress = Callable[[str, int, int], None]
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -85,10 +86,18 @@ def resolve_target(target: str) -> str:
     raise ConfigError(f"unknown target {target!r}", "use cpu, auto, or a GPU arch like sm_90")
 
 
-def select_plugins(target: str) -> tuple[PluginChoice, ...]:
-    """One choice per registered op for the target kind (CPU: the reference, no tactics)."""
+def select_plugins(
+    target: str,
+    model: ModelConfig,
+    build: BuildConfig,
+    progress: Progress | None = None,
+    tactics: str = "auto",
+) -> tuple[PluginChoice, ...]:
+    """Each op's implementation and tactic for the target: timed on the target GPU when this
+    machine has it and `tactics` is "auto", else the default tactic table (cross-build)."""
+    if tactics not in ("auto", "default"):
+        raise ConfigError(f"unknown --tactics {tactics!r}", "use auto or default")
     kind = target_kind(target)
-    choices = []
     for spec in all_specs():
         if kind not in spec.impls:
             raise ConfigError(
@@ -96,9 +105,9 @@ def select_plugins(target: str) -> tuple[PluginChoice, ...]:
                 f"{kind} implementation",
                 "build with --target cpu",
             )
-        tactic = spec.default_tactic(kind)
-        choices.append(PluginChoice(spec.name, spec.version, tactic.name if tactic else None))
-    return tuple(choices)
+    if tactics == "auto" and can_time_on(target):
+        return tuple(timed_choices(model, build, progress))
+    return tuple(default_choices(target, model))
 
 
 def check_fits(model: ModelConfig, build: BuildConfig) -> None:
@@ -137,6 +146,7 @@ def build_engine(
     target: str = "cpu",
     force: bool = False,
     progress: Progress | None = None,
+    tactics: str = "auto",
 ) -> Path:
     """Build an engine; returns its dir. Raises IngotError subclasses on bad input."""
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
@@ -147,7 +157,7 @@ def build_engine(
         overrides["target"] = resolve_target(target)
         build = resolve_build_config(preset, overrides, model)
         check_fits(model, build)
-        plugins = select_plugins(build.target)
+        plugins = select_plugins(build.target, model, build, progress, tactics)
         names = list(tensors)
         weights: dict[str, torch.Tensor] = {}
         for i, name in enumerate(names):
@@ -156,7 +166,7 @@ def build_engine(
                 progress("packing weights", i + 1, len(names))
         weights.update(rope_tables(model, build.max_seq_len))
         rank = "rank0.engine"
-        write_engine_file(tmp / rank, weights)
+        digest = write_engine_file(tmp / rank, weights)
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
@@ -167,7 +177,7 @@ def build_engine(
             quant=meta["quant"],
             build=build,
             plugins=plugins,
-            rank_files={rank: sha256_file(tmp / rank)},
+            rank_files={rank: digest},
             extra={"torch_version": torch.__version__, "source": meta.get("source", {})},
         )
         write_engine_config(tmp, cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,18 +37,24 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
 
 @dataclass(frozen=True)
 class PluginChoice:
-    """One op as built into an engine: which plugin version and which tactic."""
+    """One op as built into an engine: plugin version, tactic (name and parameters, so the
+    engine alone can rebuild it), the timings that chose it, and optionally the use site it is
+    for (e.g. gemm at "attn.qkv"; None: every use of the op)."""
 
     name: str
     version: int
     tactic: str | None = None
+    params: dict[str, Any] | None = None
+    site: str | None = None
     timings_ms: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "version": self.version,
+            "site": self.site,
             "tactic": self.tactic,
+            "params": self.params,
             "timings_ms": self.timings_ms,
         }
 
@@ -180,23 +187,39 @@ def check_target(cfg: EngineConfig, device: torch.device) -> None:
 
 @dataclass
 class LoadedEngine:
+    """A checked engine config and its memory-mapped rank file. The rank file's checksum is
+    verified in a background thread (it overlaps the weight upload); call `wait_verified()`
+    before serving."""
+
     dir: Path
     config: EngineConfig
     rank_file: EngineFile
+    _verification: Future | None = None
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {n: self.rank_file.tensor(n) for n in self.rank_file.tensor_names()}
+
+    def wait_verified(self) -> None:
+        """Raise EngineError if the checksum failed."""
+        if self._verification is not None:
+            self._verification.result()
 
 
 def load_engine(
     engine_dir: Path, device: torch.device | None = None, rank: int = 0, verify: bool = True
 ) -> LoadedEngine:
-    """Check config, target and checksums, then map rank `rank`'s file (no copy)."""
+    """Check config and target, start the checksum check, then map rank `rank`'s file."""
     engine_dir = Path(engine_dir)
     cfg = read_engine_config(engine_dir)
     if device is None:
         device = torch.device("cpu" if cfg.target == "cpu" else "cuda")
     check_target(cfg, device)
+    name = f"rank{rank}.engine"
+    if not (engine_dir / name).is_file():
+        raise EngineError(f"engine rank file {name} is missing", REBUILD)
+    future = None
     if verify:
-        verify_rank_files(engine_dir, cfg)
-    return LoadedEngine(engine_dir, cfg, EngineFile(engine_dir / f"rank{rank}.engine"))
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-verify")
+        future = pool.submit(verify_rank_files, engine_dir, cfg)
+        pool.shutdown(wait=False)
+    return LoadedEngine(engine_dir, cfg, EngineFile(engine_dir / name), future)

@@ -16,6 +16,7 @@ Tensors are read back as zero-copy views of a copy-on-write memory map.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import struct
@@ -47,10 +48,26 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+class _HashingWriter:
+    """File writer that hashes what it writes, so the checksum costs no second pass."""
+
+    def __init__(self, f) -> None:
+        self.f, self.h, self.pos = f, hashlib.sha256(), 0
+
+    def write(self, data) -> None:
+        self.f.write(data)
+        self.h.update(data)
+        self.pos += len(memoryview(data).cast("B"))
+
+    def pad_to(self, offset: int) -> None:
+        if offset > self.pos:
+            self.write(b"\0" * (offset - self.pos))
+
+
 def write_engine_file(
     path: Path, tensors: dict[str, torch.Tensor], blobs: dict[str, bytes] | None = None
-) -> None:
-    """Write `tensors` (any device; copied to CPU) and raw `blobs` to `path`."""
+) -> str:
+    """Write `tensors` (any device; copied to CPU) and raw `blobs` to `path`; return sha256."""
     blobs = blobs or {}
     index: dict[str, dict] = {"tensors": {}, "blobs": {}}
     offset = 0
@@ -70,20 +87,21 @@ def write_engine_file(
         offset = _aligned(offset + len(b))
     header = json.dumps(index, separators=(",", ":")).encode()
     data_start = _aligned(_PREAMBLE.size + len(header))
-    with open(path, "wb") as f:
+    with open(path, "wb") as raw_file:
+        f = _HashingWriter(raw_file)
         f.write(_PREAMBLE.pack(MAGIC, ENGINE_FORMAT_VERSION, 0, len(header)))
         f.write(header)
-        f.write(b"\0" * (data_start - _PREAMBLE.size - len(header)))
+        f.pad_to(data_start)
         for name, t in tensors.items():
-            meta = index["tensors"][name]
-            f.seek(data_start + meta["offset"])
-            raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            f.write(raw.numpy().tobytes())
+            f.pad_to(data_start + index["tensors"][name]["offset"])
+            flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            if flat.numel():
+                f.write(memoryview(flat.numpy()))
         for name, b in blobs.items():
-            f.seek(data_start + index["blobs"][name]["offset"])
+            f.pad_to(data_start + index["blobs"][name]["offset"])
             f.write(b)
-        end = data_start + offset
-        f.truncate(end)
+        f.pad_to(data_start + offset)
+    return f.h.hexdigest()
 
 
 class EngineFile:

@@ -52,7 +52,7 @@ class Executor:
         self.device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
         self.dtype = _DTYPES[cfg.model.dtype]
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
-        self.decoder = Decoder(cfg.model, weights, Ops(cfg))
+        self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant)
         b = cfg.build
         if num_kv_blocks is None:
             num_kv_blocks = default_num_kv_blocks(
@@ -84,6 +84,7 @@ class Executor:
                 b.max_seq_len,
                 self.device,
             )
+        engine.wait_verified()
         self.eos_ids = set(cfg.model.eos_token_ids)
         self.requests: dict[int, Request] = {}
         self._samplers: dict[int, RequestSampler] = {}

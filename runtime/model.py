@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from ingot.plugins import get_spec, load, target_kind
+from ingot.plugins import Tactic, get_spec, load, target_kind
 
-from .config import ModelConfig
+from .config import ModelConfig, QuantConfig
 from .engine import EngineConfig
 from .kv_cache import KVCache
+from .linear import make_linear
 
 
 @dataclass
@@ -33,20 +34,28 @@ class AttnMetadata:
 
 
 class Ops:
-    """The plugin callables an engine was built with, resolved for this device kind."""
+    """The plugin callables an engine was built with, resolved for this device kind.
+
+    `ops.NAME` is the op's engine-wide choice; `ops.at(NAME, site)` prefers a choice made for
+    that use site (tactics timed at that site's shapes).
+    """
 
     def __init__(self, cfg: EngineConfig) -> None:
         kind = target_kind(cfg.target)
-        self._fns: dict[str, Callable[..., Any]] = {}
+        self._fns: dict[tuple[str, str | None], Callable[..., Any]] = {}
         for choice in cfg.plugins:
-            spec = get_spec(choice.name, choice.version)
-            self._fns[choice.name] = load(
-                choice.name, choice.version, kind, spec.find_tactic(kind, choice.tactic)
-            )
+            tactic = None
+            if choice.tactic is not None:
+                tactic = Tactic(choice.tactic, tuple(sorted((choice.params or {}).items())))
+            get_spec(choice.name, choice.version)
+            self._fns[(choice.name, choice.site)] = load(choice.name, choice.version, kind, tactic)
+
+    def at(self, name: str, site: str | None) -> Callable[..., Any]:
+        return self._fns.get((name, site)) or getattr(self, name)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         try:
-            return self.__dict__["_fns"][name]
+            return self.__dict__["_fns"][(name, None)]
         except KeyError:
             raise AttributeError(f"engine has no plugin {name!r}") from None
 
@@ -54,21 +63,34 @@ class Ops:
 class Decoder:
     """Forward pass over a packed batch. Holds views of the engine's weights (no copies)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        ops: Ops,
+        quant: QuantConfig | None = None,
+    ) -> None:
         self.cfg = cfg
         self.w = weights
         self.ops = ops
+        quant = quant or QuantConfig()
+        self.linears = {
+            f"layers.{i}.{name}": make_linear(ops, weights, f"layers.{i}.{name}", quant)
+            for i in range(cfg.num_layers)
+            for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+        }
         self.scale = cfg.head_dim**-0.5
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
+        self._lm_head = ops.at("gemm", "lm_head")
 
     def _attention(
         self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
-        qkv = ops.gemm(x, w[p + "qkv.weight"], w.get(p + "qkv.bias"))  # [T, qkv_size]
+        qkv = self.linears[p + "qkv"](x)  # [T, qkv_size]
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.reshape(-1, c.num_heads, c.head_dim)
         k = k.reshape(-1, c.num_kv_heads, c.head_dim)
@@ -88,13 +110,14 @@ class Decoder:
             meta.query_start_loc,
             self.scale,
             c.sliding_window,
+            max_query_len=meta.max_query_len,
+            max_context_len=meta.max_context_len,
         )
-        return ops.gemm(o.reshape(-1, c.q_size), w[p + "o.weight"])
+        return self.linears[p + "o"](o.reshape(-1, c.q_size))
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        w, ops = self.w, self.ops
         p = f"layers.{i}.mlp."
-        return ops.gemm(ops.swiglu(ops.gemm(x, w[p + "gate_up.weight"])), w[p + "down.weight"])
+        return self.linears[p + "down"](self.ops.swiglu(self.linears[p + "gate_up"](x)))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
@@ -120,4 +143,4 @@ class Decoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does)."""
-        return self.ops.gemm(hidden, self.lm_head).float()
+        return self._lm_head(hidden, self.lm_head).float()

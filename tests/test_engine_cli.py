@@ -144,6 +144,35 @@ def test_future_format_version_is_refused(engine, tmp_path):
     )
 
 
+def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
+    pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
+    e = tmp_path / "gpu-engine"
+    r = _invoke(
+        "build-engine",
+        "--checkpoint-dir",
+        ckpt,
+        "--output-dir",
+        e,
+        "--target",
+        "sm_90",
+        "--config",
+        "tiny-llama",
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads((e / "config.json").read_text())
+    assert d["target"] == "sm_90"
+    by_site = {(p["name"], p["site"]): p for p in d["plugins"]}
+    assert all(p["tactic"] and p["params"] is not None for p in d["plugins"])
+    assert ("gemm", "attn.qkv") in by_site and ("gemm", "lm_head") in by_site
+    assert all(p["timings_ms"] is None for p in d["plugins"])  # nothing was timed: no GPU here
+    # built for a GPU, so refused on the CPU with a hint
+    _assert_one_line_error(
+        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+        "sm_90",
+        "--target cpu",
+    )
+
+
 def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):
     e = _copy(engine, tmp_path)
     _edit_config(e, target="sm_90")

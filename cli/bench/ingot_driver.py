@@ -1,0 +1,145 @@
+"""Drives ingot's Executor in-process: requests join at their arrival times between steps,
+each token is timestamped in the step callback. No server, no network."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ingot.runtime.engine import load_engine
+from ingot.runtime.errors import ConfigError
+from ingot.runtime.executor import Executor
+from ingot.runtime.types import Request, SamplingParams
+
+from .metrics import RunResult, Trace, peak_memory, reset_peak_memory
+from .roofline import DecodeStep
+from .workload import Workload
+
+
+class IngotDriver:
+    """One Executor for every point of a benchmark (the KV pool is sized once)."""
+
+    name = "ingot"
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        device: torch.device | None = None,
+        num_kv_blocks: int | None = None,
+        policy: str = "guaranteed_no_evict",
+        enable_prefix_reuse: bool = True,
+        kv_cache_free_gpu_memory_fraction: float = 0.9,
+        cuda_graphs: bool = True,
+    ) -> None:
+        self.engine = load_engine(Path(engine_dir), device)
+        self.executor = Executor(
+            self.engine,
+            device,
+            num_kv_blocks=num_kv_blocks,
+            policy=policy,
+            enable_prefix_reuse=enable_prefix_reuse,
+            kv_cache_free_gpu_memory_fraction=kv_cache_free_gpu_memory_fraction,
+            cuda_graphs=cuda_graphs,
+        )
+        self.device = self.executor.device
+        self._plan: tuple[int, int, int] = (0, 0, 0)
+        sched = self.executor.scheduler
+        schedule = sched.schedule
+
+        def probe():
+            # NOTE: records what each step computes (sequences, prefill entries, KV tokens
+            # read) so decode-only steps can be timed; the plan itself is passed on untouched.
+            plan = schedule()
+            ctx = int(np.sum(plan.context_lens, dtype=np.int64)) if plan.num_seqs else 0
+            self._plan = (plan.num_seqs, plan.num_prefill, ctx)
+            return plan
+
+        sched.schedule = probe  # instance attribute: only this executor is probed
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.executor.decoder.w
+
+    @property
+    def kv_element_size(self) -> int:
+        return self.executor.kv.data.element_size()
+
+    def close(self) -> None:
+        """Free the weights and the KV pool (before the baseline loads its model)."""
+        del self.executor
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def run(self, w: Workload, max_concurrency: int | None = None) -> RunResult:
+        """Serve `w`: request i is added at the first step boundary after w.arrivals[i], and
+        only while fewer than `max_concurrency` requests are unfinished (None: no limit; the
+        engine's max_batch_size still bounds each step)."""
+        ex = self.executor
+        traces = [Trace(a, it.input_len, it.output_len) for it, a in zip(w.items, w.arrivals)]
+        order = deque(sorted(range(len(w)), key=lambda i: w.arrivals[i]))
+        index: dict[int, int] = {}
+        steps: list[DecodeStep] = []
+        used, util = [], []
+        before = ex.scheduler.stats()
+        reset_peak_memory(self.device)
+        t0 = time.perf_counter()
+
+        def on_token(req: Request, _tok: int) -> None:
+            traces[index[req.request_id]].token_times.append(time.perf_counter() - t0)
+
+        in_flight = 0
+        while order or ex.has_unfinished():
+            now = time.perf_counter() - t0
+            while order and w.arrivals[order[0]] <= now:
+                if max_concurrency is not None and in_flight >= max_concurrency:
+                    break
+                i = order.popleft()
+                it = w.items[i]
+                params = SamplingParams(max_new_tokens=it.output_len, ignore_eos=True)
+                req = ex.add_request(list(it.prompt_ids), params)
+                if req.finished:
+                    raise ConfigError(f"the engine refused a benchmark request: {req.error}")
+                index[req.request_id] = i
+                in_flight += 1
+            if not ex.has_unfinished():
+                time.sleep(max(0.0, w.arrivals[order[0]] - (time.perf_counter() - t0)))
+                continue
+            t = time.perf_counter()
+            done = ex.step(on_token)
+            dt = time.perf_counter() - t
+            num_seqs, num_prefill, ctx = self._plan
+            if num_seqs and not num_prefill:
+                steps.append(DecodeStep(dt, num_seqs, ctx))
+            s = ex.scheduler.stats()
+            used.append(s["used_blocks"])
+            util.append(s["kv_utilization"])
+            for req in done:
+                traces[index[req.request_id]].generated = len(req.output_ids)
+            in_flight -= len(done)
+        after = ex.scheduler.stats()
+        hit = after["prefix_hit_blocks"] - before["prefix_hit_blocks"]
+        miss = after["prefix_miss_blocks"] - before["prefix_miss_blocks"]
+        return RunResult(
+            traces,
+            steps,
+            peak_memory(self.device),
+            kv_cache={
+                "num_blocks": ex.kv.num_blocks,
+                "tokens_per_block": ex.kv.tokens_per_block,
+                "pool_bytes": ex.kv.nbytes,
+                "peak_used_blocks": max(used, default=0),
+                "peak_utilization": max(util, default=0.0),
+                "mean_utilization": float(np.mean(util)) if util else 0.0,
+                "preemptions": after["num_preemptions"] - before["num_preemptions"],
+            },
+            prefix_cache={
+                "hit_blocks": hit,
+                "miss_blocks": miss,
+                "hit_rate": hit / (hit + miss) if hit + miss else None,
+            },
+            extra={"steps": len(used)},
+        )

@@ -1,0 +1,146 @@
+"""What a run records (per-request token timestamps, decode steps) and the figures made of it.
+
+Both systems (ingot and the Hugging Face baseline) fill the same `RunResult`, so every figure
+and every ratio is computed by the same code.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .roofline import DecodeStep, Roofline
+
+
+@dataclass
+class Trace:
+    """One request: scheduled arrival and the time each of its tokens came out (seconds from
+    the run's start), requested and generated output lengths."""
+
+    arrival: float
+    input_len: int
+    output_len: int
+    token_times: list[float] = field(default_factory=list)
+    generated: int = 0  # tokens the system reports for this request when it finished
+
+
+@dataclass
+class RunResult:
+    traces: list[Trace]
+    decode_steps: list[DecodeStep]
+    memory: dict
+    kv_cache: dict | None = None  # ingot only
+    prefix_cache: dict | None = None  # ingot only
+    extra: dict = field(default_factory=dict)
+
+
+def dist(values: list[float], scale: float = 1.0) -> dict | None:
+    """mean / p50 / p90 / p99 / max (linear interpolation: ordered by construction)."""
+    if not values:
+        return None
+    a = np.asarray(values, dtype=np.float64) * scale
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "mean": float(a.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(a.max()),
+    }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """GPU: torch.cuda.max_memory_allocated since the phase began. CPU: there is no allocator
+    counter, so the process's peak resident set size (whole process, all phases) instead."""
+    if device.type == "cuda":
+        return {
+            "gpu_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "process_peak_rss_bytes": None,
+            "kind": "torch.cuda.max_memory_allocated during this run",
+        }
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss *= 1 if sys.platform == "darwin" else 1024  # Linux reports KiB
+    return {
+        "gpu_peak_allocated_bytes": None,
+        "process_peak_rss_bytes": int(rss),
+        "kind": "CPU run: peak RSS of the whole process so far (not per run)",
+    }
+
+
+def summarize(run: RunResult, roofline: Roofline) -> dict:
+    """The figures of one run. Elapsed runs from the first arrival to the last token."""
+    tr = run.traces
+    start = min(t.arrival for t in tr)
+    end = max((t.token_times[-1] for t in tr if t.token_times), default=start)
+    elapsed = end - start
+    out_tokens = sum(len(t.token_times) for t in tr)
+    in_tokens = sum(t.input_len for t in tr)
+    ttft = [t.token_times[0] - t.arrival for t in tr if t.token_times]
+    itl = [b - a for t in tr for a, b in zip(t.token_times, t.token_times[1:])]
+    e2e = [t.token_times[-1] - t.arrival for t in tr if t.token_times]
+    per_req_decode = [
+        (len(t.token_times) - 1) / (t.token_times[-1] - t.token_times[0])
+        for t in tr
+        if len(t.token_times) > 1 and t.token_times[-1] > t.token_times[0]
+    ]
+    rate = (lambda n: n / elapsed) if elapsed > 0 else (lambda n: None)
+    return {
+        "num_requests": len(tr),
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,  # counted from the per-token timestamps
+        "output_tokens_generated": sum(t.generated for t in tr),  # as the system reports
+        "output_tokens_requested": sum(t.output_len for t in tr),
+        "elapsed_s": elapsed,
+        "requests_per_s": rate(len(tr)),
+        "output_tok_s": rate(out_tokens),
+        "total_tok_s": rate(in_tokens + out_tokens),
+        "ttft_ms": dist(ttft, 1e3),
+        "itl_ms": dist(itl, 1e3),
+        "e2e_latency_ms": dist(e2e, 1e3),
+        # per request (tokens after the first) / (time from first to last token)
+        "decode_tok_s_per_request": dist(per_req_decode),
+        "decode": roofline.decode_figure(run.decode_steps),
+        "memory": run.memory,
+        "kv_cache": run.kv_cache,
+        "prefix_cache": run.prefix_cache,
+        **run.extra,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _p(m: dict, key: str, q: str) -> float | None:
+    return (m.get(key) or {}).get(q)
+
+
+def compare(mode: str, ours: dict, hf: dict) -> dict:
+    """ingot against the baseline. `*_ratio`: ingot / hf of a rate (higher is better for
+    ingot); `*_speedup`: hf / ingot of a latency (higher is better for ingot). Rates and
+    per-request latencies do not depend on how many requests ran, so they stay comparable
+    when the baseline ran fewer requests."""
+    out = {
+        "output_tok_s_ratio": _ratio(ours["output_tok_s"], hf["output_tok_s"]),
+        "total_tok_s_ratio": _ratio(ours["total_tok_s"], hf["total_tok_s"]),
+        "requests_per_s_ratio": _ratio(ours["requests_per_s"], hf["requests_per_s"]),
+    }
+    for key in ("ttft_ms", "itl_ms", "e2e_latency_ms"):
+        for q in ("p50", "p99"):
+            out[f"{key.removesuffix('_ms')}_{q}_speedup"] = _ratio(_p(hf, key, q), _p(ours, key, q))
+    out["decode_tok_s_per_request_ratio"] = _ratio(
+        _p(ours, "decode_tok_s_per_request", "mean"), _p(hf, "decode_tok_s_per_request", "mean")
+    )
+    if mode == "latency":
+        out = {k: v for k, v in out.items() if not k.startswith(("total", "requests"))}
+    return out

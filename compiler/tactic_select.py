@@ -1,0 +1,205 @@
+"""Tactic selection: time each plugin's candidate tactics on the target GPU at the engine's
+shapes and keep the fastest; without that GPU (cross-build), take each plugin's default.
+
+Decode is the hot path, so ops are timed at decode shapes (one token), except prefill
+attention, timed on one max-size chunk. GEMMs are chosen per use site (their shapes differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ingot.plugins import Tactic, all_specs, get_spec, target_kind
+from ingot.runtime.config import BuildConfig, ModelConfig
+from ingot.runtime.engine import PluginChoice
+
+Progress = Callable[[str, int, int], None]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_P = "ingot.plugins.attention"
+
+
+def gemm_sites(m: ModelConfig) -> dict[str, tuple[int, int, bool]]:
+    """Use site -> (N, K, has_bias) of every GEMM the decoder runs."""
+    return {
+        "attn.qkv": (m.qkv_size, m.hidden_size, m.qkv_bias),
+        "attn.o": (m.hidden_size, m.q_size, False),
+        "mlp.gate_up": (2 * m.intermediate_size, m.hidden_size, False),
+        "mlp.down": (m.hidden_size, m.intermediate_size, False),
+        "lm_head": (m.vocab_size, m.hidden_size, False),
+    }
+
+
+def default_choices(target: str, model: ModelConfig) -> list[PluginChoice]:
+    """Every op with its default tactic (the cross-build table)."""
+    kind = target_kind(target)
+    out = []
+    for spec in all_specs():
+        t = spec.default_tactic(kind)
+        sites = (
+            [None] + list(gemm_sites(model)) if spec.name == "gemm" and kind == "cuda" else [None]
+        )
+        for site in sites:
+            out.append(_choice(spec.name, t, site))
+    return out
+
+
+def _choice(
+    name: str,
+    tactic: Tactic | None,
+    site: str | None = None,
+    timings: list[tuple[Tactic, float]] | None = None,
+) -> PluginChoice:
+    spec = get_spec(name)
+    return PluginChoice(
+        name,
+        spec.version,
+        tactic.name if tactic else None,
+        tactic.as_dict() if tactic else None,
+        site,
+        {t.name: round(ms, 5) for t, ms in timings} if timings else None,
+    )
+
+
+class _Shapes:
+    """Random inputs at the engine's shapes, on the GPU."""
+
+    def __init__(self, m: ModelConfig, b: BuildConfig) -> None:
+        self.m, self.b = m, b
+        self.dt = _DTYPES[m.dtype]
+        self.dev = torch.device("cuda")
+
+    def t(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype or self.dt, device=self.dev)
+
+    def attention(self, n_q: int, ctx: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        m, bs = self.m, self.b.tokens_per_block
+        blocks = -(-ctx // bs)
+        kc = self.t(blocks + 1, bs, m.num_kv_heads, m.head_dim)
+        vc = self.t(blocks + 1, bs, m.num_kv_heads, m.head_dim)
+        width = -(-self.b.max_seq_len // bs)
+        tables = torch.zeros(1, width, dtype=torch.int32, device=self.dev)
+        tables[0, :blocks] = torch.randperm(blocks, device=self.dev).int()
+        i32 = dict(dtype=torch.int32, device=self.dev)
+        args = (
+            self.t(n_q, m.num_heads, m.head_dim),
+            kc,
+            vc,
+            tables,
+            torch.tensor([ctx], **i32),
+            torch.tensor([0, n_q], **i32),
+            m.head_dim**-0.5,
+            m.sliding_window,
+        )
+        return args, {"max_query_len": n_q, "max_context_len": self.b.max_seq_len}
+
+    def op(self, name: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        m, d = self.m, self.m.hidden_size
+        if name == "rms_norm":
+            return (self.t(1, d), self.t(d), m.rms_norm_eps), {}
+        if name == "add_rms_norm":
+            return (self.t(1, d), self.t(1, d), self.t(d), m.rms_norm_eps), {}
+        if name == "swiglu":
+            return (self.t(1, 2 * m.intermediate_size),), {}
+        if name == "rope":
+            n = self.b.max_seq_len
+            return (
+                self.t(1, m.num_heads, m.head_dim),
+                self.t(1, m.num_kv_heads, m.head_dim),
+                torch.zeros(1, dtype=torch.int32, device=self.dev),
+                self.t(n, m.head_dim, dtype=torch.float32),
+                self.t(n, m.head_dim, dtype=torch.float32),
+            ), {}
+        if name == "kv_cache_write":
+            bs = self.b.tokens_per_block
+            return (
+                self.t(1, m.num_kv_heads, m.head_dim),
+                self.t(1, m.num_kv_heads, m.head_dim),
+                self.t(4, bs, m.num_kv_heads, m.head_dim),
+                self.t(4, bs, m.num_kv_heads, m.head_dim),
+                torch.tensor([bs + 1], dtype=torch.int32, device=self.dev),
+            ), {}
+        raise KeyError(name)
+
+    def gemm(self, n: int, k: int, bias: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.t(1, k), self.t(n, k), self.t(n) if bias else None), {}
+
+
+def timed_choices(
+    model: ModelConfig, build: BuildConfig, progress: Progress | None = None
+) -> list[PluginChoice]:
+    """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs)."""
+    from ingot.plugins.attention.triton_decode import DECODE_TACTICS, combine_tactics
+    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
+    from ingot.plugins.tactics import resolve_factory, time_tactics
+
+    shapes = _Shapes(model, build)
+    jobs: list[tuple[str, Callable[[], PluginChoice]]] = []
+
+    def best(name, cands, inputs, factory=None):
+        res = time_tactics(name, cands, inputs, factory=factory)
+        return res[0][0], res
+
+    def simple(name: str) -> PluginChoice:
+        spec = get_spec(name)
+        cands = spec.candidates("cuda")
+        if len(cands) <= 1:
+            return _choice(name, cands[0] if cands else None)
+        t, res = best(name, cands, lambda: shapes.op(name))
+        return _choice(name, t, None, res)
+
+    def attention() -> PluginChoice:
+        ctx = min(2048, build.max_seq_len)
+        n_pf = min(2048, build.max_num_tokens, build.max_seq_len)
+        dec, r1 = best(
+            "paged_attention",
+            DECODE_TACTICS,
+            lambda: shapes.attention(1, ctx),
+            resolve_factory_path(f"{_P}.triton_decode:make_decode_attention"),
+        )
+        pf, r2 = best(
+            "paged_attention",
+            PREFILL_TACTICS,
+            lambda: shapes.attention(n_pf, n_pf),
+            resolve_factory_path(f"{_P}.triton_prefill:make_prefill_attention"),
+        )
+        return _choice("paged_attention", combine_tactics(dec, pf), None, r1 + r2)
+
+    def gemm(site: str, n: int, k: int, bias: bool) -> PluginChoice:
+        cands = get_spec("gemm").candidates("cuda")
+        t, res = best("gemm", cands, lambda: shapes.gemm(n, k, bias), resolve_factory("gemm"))
+        return _choice("gemm", t, site, res)
+
+    for spec in all_specs():
+        if spec.name == "paged_attention":
+            jobs.append(("paged_attention", attention))
+        elif spec.name == "gemm":
+            jobs.append(("gemm", lambda: _choice("gemm", get_spec("gemm").default_tactic("cuda"))))
+            for site, (n, k, bias) in gemm_sites(model).items():
+                jobs.append((f"gemm@{site}", lambda s=site, n=n, k=k, b=bias: gemm(s, n, k, b)))
+        else:
+            jobs.append((spec.name, lambda name=spec.name: simple(name)))
+    out = []
+    for i, (_, job) in enumerate(jobs):
+        out.append(job())
+        if progress:
+            progress("timing tactics", i + 1, len(jobs))
+    torch.cuda.empty_cache()
+    return out
+
+
+def resolve_factory_path(path: str) -> Callable[[Tactic | None], Callable[..., Any]]:
+    import importlib
+
+    module_name, attr = path.split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def can_time_on(target: str) -> bool:
+    """True when this machine has the target GPU, so tactics can be timed rather than assumed."""
+    if target == "cpu" or not torch.cuda.is_available():
+        return False
+    major, minor = torch.cuda.get_device_capability()
+    return target == f"sm_{major}{minor}"
