@@ -296,3 +296,29 @@ def test_bad_flags(ckpt, engine, tmp_path):
         "does not exist",
     )
     assert not out.exists()
+
+
+def test_stop_words_and_input_file(engine, tmp_path):
+    from ingot.runtime.llm import LLM
+    from ingot.runtime.types import FinishReason, SamplingParams
+
+    llm = LLM(engine)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    full = llm.generate(["The engine"], params)[0]
+    assert full.finish_reason == FinishReason.LENGTH and len(full.text) > 4
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
+    cut = llm.generate(
+        ["The engine"], SamplingParams(max_new_tokens=12, ignore_eos=True, stop_words=(stop,))
+    )[0]
+    assert cut.finish_reason == FinishReason.STOP
+    assert stop not in cut.text and full.text.startswith(cut.text)
+    streamed: list[str] = []
+    llm.generate(["The engine"], params, lambda i, delta: streamed.append(delta))
+    assert "".join(streamed) == full.text
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first prompt\n\nsecond prompt\n")
+    r = _invoke(
+        "run-engine", "--engine-dir", engine, "--input-file", prompts, "--max-output-len", "3"
+    )
+    assert r.exit_code == 0, r.output
+    assert "[1] Output:" in r.stdout and "[2]" not in r.stdout
