@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,6 @@ def build_engine(
         overrides["target"] = resolve_target(target)
         build = resolve_build_config(preset, overrides, model)
         check_fits(model, build)
-        plugins = select_plugins(build.target, model, build, progress, tactics)
         names = list(tensors)
         weights: dict[str, torch.Tensor] = {}
         for i, name in enumerate(names):
@@ -166,7 +166,14 @@ def build_engine(
                 progress("packing weights", i + 1, len(names))
         weights.update(rope_tables(model, build.max_seq_len))
         rank = "rank0.engine"
-        digest = write_engine_file(tmp / rank, weights)
+        # NOTE: the rank file is written (disk and hashing, both outside the GIL) while the
+        # main thread times tactics on the GPU; the two overlap fully.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-write") as pool:
+            writing = pool.submit(write_engine_file, tmp / rank, weights)
+            try:
+                plugins = select_plugins(build.target, model, build, progress, tactics)
+            finally:
+                digest = writing.result()
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR

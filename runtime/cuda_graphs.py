@@ -2,13 +2,12 @@
 
 A decode-only step of B sequences runs the graph of the smallest bucket >= B. Rows past B are
 padding: they write their KV into the cache's scratch block and attend to one scratch token, so
-they never touch a real sequence. Python is off the per-token path except for copying the
-step's inputs into the static buffers.
+they never touch a real sequence. All of a step's inputs travel in one pinned host buffer and
+one copy; the graph also takes the argmax, so a greedy step reads back B integers.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .kv_cache import KVCache
@@ -26,7 +25,7 @@ def batch_buckets(max_batch_size: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured decoder.forward + logits for decode-only steps."""
+    """Captured decoder.forward + logits + argmax for decode-only steps."""
 
     def __init__(
         self,
@@ -39,17 +38,24 @@ class DecodeGraphs:
     ) -> None:
         self.decoder, self.kv = decoder, kv
         self.buckets = batch_buckets(max_batch_size)
-        n = max_batch_size
-        i32 = dict(dtype=torch.int32, device=device)
-        self.ids = torch.zeros(n, **i32)
-        self.pos = torch.zeros(n, **i32)
-        self.slots = torch.zeros(n, **i32)
-        self.tables = torch.zeros(n, max_blocks_per_seq, **i32)
-        self.ctx = torch.ones(n, **i32)
-        self.qsl = torch.arange(n + 1, **i32)
+        n, w = max_batch_size, max_blocks_per_seq
+        # one int32 buffer: ids | positions | slots | context lens | block tables [n, w]
+        size = 4 * n + n * w
+        self.host = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        self.dev = torch.empty(size, dtype=torch.int32, device=device)
+        h = self.host.numpy()
+        self.h_ids, self.h_pos, self.h_slots, self.h_ctx = (
+            h[i * n : (i + 1) * n] for i in range(4)
+        )
+        self.h_tables = h[4 * n :].reshape(n, w)
+        d = self.dev
+        self.ids, self.pos, self.slots, self.ctx = (d[i * n : (i + 1) * n] for i in range(4))
+        self.tables = d[4 * n :].view(n, w)
+        self.qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.greedy: dict[int, torch.Tensor] = {}
         self._capture_all()
 
     def _meta(self, b: int) -> AttnMetadata:
@@ -62,23 +68,26 @@ class DecodeGraphs:
             1,
         )
 
-    def _run(self, b: int) -> torch.Tensor:
+    def _run(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.decoder.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv)
-        return self.decoder.logits(hidden)
+        logits = self.decoder.logits(hidden)
+        return logits, logits.argmax(dim=-1)
 
-    def _pad_all(self) -> None:
+    def _pad_rows(self, start: int) -> None:
+        """Point rows [start:] at the scratch block (host side)."""
         scratch = self.kv.scratch_block
-        self.slots.fill_(scratch * self.kv.tokens_per_block)
-        self.tables.fill_(scratch)
-        self.ctx.fill_(1)
-        self.pos.zero_()
-        self.ids.zero_()
+        self.h_ids[start:] = 0
+        self.h_pos[start:] = 0
+        self.h_slots[start:] = scratch * self.kv.tokens_per_block
+        self.h_ctx[start:] = 1
+        self.h_tables[start:] = scratch
 
     def _capture_all(self) -> None:
-        self._pad_all()
+        self._pad_rows(0)
+        self.dev.copy_(self.host)
         pool = None
         for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
-            # NOTE: warm-up outside capture: kernels load (and autotune caches fill) here.
+            # NOTE: warm-up outside capture: kernels load here, never inside the capture.
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
@@ -86,7 +95,7 @@ class DecodeGraphs:
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self.logits[b] = self._run(b)
+                self.logits[b], self.greedy[b] = self._run(b)
             pool = g.pool()
             self.graphs[b] = g
         torch.cuda.synchronize()
@@ -94,18 +103,17 @@ class DecodeGraphs:
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.buckets[-1]
 
-    def run(self, plan) -> torch.Tensor:
-        """plan: a decode-only StepPlan of B sequences -> float32 logits [B, V] (a view)."""
+    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
+        """plan: a decode-only StepPlan of B sequences -> (float32 logits [B, V], argmax [B]),
+        views valid until the next run."""
         b = plan.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
-        self._pad_all()
-        width = plan.block_tables.shape[1]
-        self.ids[:b].copy_(torch.from_numpy(np.asarray(plan.input_ids)), non_blocking=True)
-        self.pos[:b].copy_(torch.from_numpy(np.asarray(plan.positions)), non_blocking=True)
-        self.slots[:b].copy_(torch.from_numpy(np.asarray(plan.slot_mapping)), non_blocking=True)
-        self.ctx[:b].copy_(torch.from_numpy(np.asarray(plan.context_lens)), non_blocking=True)
-        self.tables[:b, :width].copy_(
-            torch.from_numpy(np.asarray(plan.block_tables)), non_blocking=True
-        )
+        self.h_ids[:b] = plan.input_ids
+        self.h_pos[:b] = plan.positions
+        self.h_slots[:b] = plan.slot_mapping
+        self.h_ctx[:b] = plan.context_lens
+        self.h_tables[:b] = plan.block_tables
+        self._pad_rows(b)
+        self.dev.copy_(self.host, non_blocking=True)
         self.graphs[bucket].replay()
-        return self.logits[bucket][:b]
+        return self.logits[bucket][:b], self.greedy[bucket][:b]

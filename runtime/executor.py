@@ -128,12 +128,14 @@ class Executor:
             return []
         samples = np.asarray(plan.samples).astype(bool)
         rows = np.nonzero(samples)[0]
-        logits = self._logits(plan, rows)
+        logits, argmax = self._logits(plan, rows)
         new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
         finish = np.zeros(plan.num_seqs, dtype=np.int8)
         seq_ids = np.asarray(plan.seq_ids)
         reqs = [self.requests[int(seq_ids[b])] for b in rows.tolist()]
-        for b, req, tok in zip(rows.tolist(), reqs, self._sample(reqs, logits), strict=True):
+        for b, req, tok in zip(
+            rows.tolist(), reqs, self._sample(reqs, logits, argmax), strict=True
+        ):
             req.output_ids.append(tok)
             new_tokens[b] = tok
             if tok in self.eos_ids and not req.params.ignore_eos:
@@ -150,8 +152,9 @@ class Executor:
             done.append(req)
         return done
 
-    def _logits(self, plan, rows: np.ndarray) -> torch.Tensor:
-        """Run the step; float32 logits [len(rows), V] (on the device) of the sampling rows."""
+    def _logits(self, plan, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the step: float32 logits [len(rows), V] (on the device) of the sampling rows,
+        and their argmax when a captured graph already computed it."""
         if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
             return self.graphs.run(plan)  # decode: every row samples
         dev = self.device
@@ -171,20 +174,24 @@ class Executor:
         hidden = self.decoder.forward(put(plan.input_ids), put(plan.positions), meta, self.kv)
         self._keep_prompt_logits(plan, hidden)
         last = torch.from_numpy(qsl[rows + 1] - 1).to(dev)
-        return self.decoder.logits(hidden[last.long()])
+        return self.decoder.logits(hidden[last.long()]), None
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per request; greedy rows take one batched argmax on the device."""
+    def _sample(
+        self, reqs: list[Request], logits: torch.Tensor, argmax: torch.Tensor | None
+    ) -> list[int]:
+        """One token per request; greedy rows share one argmax on the device."""
         out = [0] * len(reqs)
-        greedy = [
+        greedy = {
             j
             for j, r in enumerate(reqs)
             if self._samplers[r.request_id].is_greedy and r.params.repetition_penalty == 1.0
-        ]
+        }
         if greedy:
-            picked = logits[greedy].argmax(dim=-1) if len(greedy) < len(reqs) else logits.argmax(-1)
-            for j, tok in zip(greedy, picked.tolist(), strict=True):
-                out[j] = tok
+            if argmax is None:
+                argmax = logits.argmax(dim=-1)
+            for j, tok in enumerate(argmax.tolist()):
+                if j in greedy:
+                    out[j] = tok
         for j, req in enumerate(reqs):
             if j in greedy:
                 continue
