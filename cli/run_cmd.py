@@ -51,6 +51,12 @@ def run_engine_cmd(
         "--num-kv-blocks",
         help="KV-cache blocks (default: enough for max-batch-size full sequences).",
     ),
+    kv_fraction: float = typer.Option(
+        0.9,
+        "--kv-cache-free-gpu-memory-fraction",
+        help="GPU engines: share of the memory left after weights and activations that the KV "
+        "cache takes.",
+    ),
     policy: str = typer.Option(
         "guaranteed_no_evict", "--scheduler-policy", help="guaranteed_no_evict or max_utilization."
     ),
@@ -76,7 +82,7 @@ def run_engine_cmd(
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    llm = LLM(engine_dir, num_kv_blocks=num_kv_blocks, policy=policy)
+    llm = LLM(engine_dir, num_kv_blocks=num_kv_blocks, policy=policy, kv_fraction=kv_fraction)
 
     def on_text(i: int, delta: str) -> None:
         typer.echo(f"[{i}] +{delta!r}" if len(prompts) > 1 else delta, nl=len(prompts) > 1)

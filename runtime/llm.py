@@ -52,10 +52,17 @@ class LLM:
         device: torch.device | None = None,
         num_kv_blocks: int | None = None,
         policy: str = "guaranteed_no_evict",
+        kv_fraction: float = 0.9,
     ) -> None:
         self.engine = load_engine(Path(engine_dir), device)
         self.tokenizer = load_tokenizer(engine_dir)
-        self.executor = Executor(self.engine, device, num_kv_blocks=num_kv_blocks, policy=policy)
+        self.executor = Executor(
+            self.engine,
+            device,
+            num_kv_blocks=num_kv_blocks,
+            policy=policy,
+            kv_cache_free_gpu_memory_fraction=kv_fraction,
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -35,7 +35,8 @@ def num_kv_blocks(
 ) -> int:
     """KV pool size. CPU: enough for max_batch_size full sequences, within a fixed budget.
     GPU: `free_gpu_memory_fraction` of the memory left after weights and one step's
-    activations (call after the weights are on the device)."""
+    activations (call after the weights are on the device), up to twice what max_batch_size
+    full sequences need (the rest of that headroom keeps finished prefixes for reuse)."""
     per_block = kv_bytes_per_block(cfg, build.tokens_per_block, dtype)
     blocks_per_seq = -(-build.max_seq_len // build.tokens_per_block)
     if device.type != "cuda":
@@ -58,4 +59,4 @@ def num_kv_blocks(
             "raise --kv-cache-free-gpu-memory-fraction, or rebuild with a smaller --max-seq-len "
             "or --max-num-tokens",
         )
-    return int(blocks)
+    return int(min(blocks, 2 * build.max_batch_size * blocks_per_seq))

@@ -77,9 +77,12 @@ class IngotDriver:
     def run(self, w: Workload, max_concurrency: int | None = None) -> RunResult:
         """Serve `w`: request i is added at the first step boundary after w.arrivals[i], and
         only while fewer than `max_concurrency` requests are unfinished (None: no limit; the
-        engine's max_batch_size still bounds each step)."""
+        engine's max_batch_size still bounds each step). With a limit the run is a closed loop
+        and a request's latency counts from when it was submitted, not from time 0."""
         ex = self.executor
-        traces = [Trace(a, it.input_len, it.output_len) for it, a in zip(w.items, w.arrivals)]
+        traces = [
+            Trace(a, it.input_len, it.output_len) for it, a in zip(w.items, w.arrivals, strict=True)
+        ]
         order = deque(sorted(range(len(w)), key=lambda i: w.arrivals[i]))
         index: dict[int, int] = {}
         steps: list[DecodeStep] = []
@@ -105,6 +108,8 @@ class IngotDriver:
                     raise ConfigError(f"the engine refused a benchmark request: {req.error}")
                 index[req.request_id] = i
                 in_flight += 1
+                if max_concurrency is not None:  # closed loop: latency counts from submission
+                    traces[i].arrival = max(traces[i].arrival, time.perf_counter() - t0)
             if not ex.has_unfinished():
                 time.sleep(max(0.0, w.arrivals[order[0]] - (time.perf_counter() - t0)))
                 continue
@@ -139,6 +144,8 @@ class IngotDriver:
             prefix_cache={
                 "hit_blocks": hit,
                 "miss_blocks": miss,
+                "hit_tokens": after["prefix_hit_tokens"] - before["prefix_hit_tokens"],
+                # NOTE: None when no full prompt block was looked up (e.g. one-block prompts).
                 "hit_rate": hit / (hit + miss) if hit + miss else None,
             },
             extra={"steps": len(used)},

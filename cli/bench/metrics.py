@@ -86,7 +86,7 @@ def summarize(run: RunResult, roofline: Roofline) -> dict:
     out_tokens = sum(len(t.token_times) for t in tr)
     in_tokens = sum(t.input_len for t in tr)
     ttft = [t.token_times[0] - t.arrival for t in tr if t.token_times]
-    itl = [b - a for t in tr for a, b in zip(t.token_times, t.token_times[1:])]
+    itl = [b - a for t in tr for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
     e2e = [t.token_times[-1] - t.arrival for t in tr if t.token_times]
     per_req_decode = [
         (len(t.token_times) - 1) / (t.token_times[-1] - t.token_times[0])

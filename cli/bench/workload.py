@@ -115,7 +115,11 @@ def from_jsonl(path: Path, vocab_size: int, seed: int, limit: int | None = None)
             row = json.loads(line)
             out = int(row["output_len"])
             ids = row.get("prompt_ids")
-            ids = tuple(int(t) for t in ids) if ids else _token_ids(rng, int(row["input_len"]), vocab_size)
+            ids = (
+                tuple(int(t) for t in ids)
+                if ids
+                else _token_ids(rng, int(row["input_len"]), vocab_size)
+            )
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(
                 f"{path}:{lineno} is not a request ({e!r})",
