@@ -24,7 +24,7 @@ def _csv(value: str | None, kind: type, flag: str) -> tuple:
 def bench_cmd(
     mode: str = typer.Argument(
         None,
-        metavar="[MODE]",
+        metavar="MODE",
         help="latency (batch 1: TTFT, inter-token latency, decode tok/s), throughput (all "
         "requests at once: output/total tok/s, requests/s) or serve (Poisson arrivals per "
         "request rate, streamed: TTFT/ITL p50/p90/p99). Not needed with --grid.",

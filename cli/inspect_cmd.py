@@ -39,10 +39,11 @@ def inspect_engine_cmd(
         label = f"{p.name}@{p.site}" if p.site else p.name
         timed = f"  ({min(p.timings_ms.values()):.4f} ms)" if p.timings_ms else ""
         typer.echo(f"  {label:<22} v{p.version}  tactic {p.tactic or '-'}{timed}")
+    extra = cfg.extra or {}
     for name, digest in cfg.rank_files.items():
-        f = EngineFile(engine_dir / name)
         size = (engine_dir / name).stat().st_size
-        typer.echo(
-            f"{name:<14}{size / 2**20:.1f} MiB, {len(f.tensor_names())} tensors, "
-            f"sha256 {digest[:16]}… verified"
-        )
+        if name.endswith(".engine"):
+            what = f"{len(EngineFile(engine_dir / name).tensor_names())} tensors"
+        else:
+            what = f"{extra.get('kernels', '?')} kernels, Triton {extra.get('triton_version', '?')}"
+        typer.echo(f"{name:<14}{size / 2**20:.1f} MiB, {what}, sha256 {digest[:16]}… verified")

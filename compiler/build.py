@@ -7,9 +7,12 @@ write the rank file, config.json with checksums, and the tokenizer, all atomical
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from ingot.plugins import all_specs, target_kind
+from ingot.plugins import target_kind
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
 from ingot.runtime.config import BuildConfig, ModelConfig
 from ingot.runtime.engine import EngineConfig, PluginChoice, write_engine_config
@@ -26,10 +29,15 @@ from ingot.runtime.errors import ConfigError
 
 from .atomic import atomic_output_dir
 from .checkpoint import TOKENIZER_DIR, load_checkpoint
+from .kernel_bundle import build_kernel_bundle
 from .tactic_select import can_time_on, default_choices, timed_choices
 
 Progress = Callable[[str, int, int], None]
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def find_preset(name_or_path: str) -> Path:
@@ -98,14 +106,8 @@ def select_plugins(
     machine has it and `tactics` is "auto", else the default tactic table (cross-build)."""
     if tactics not in ("auto", "default"):
         raise ConfigError(f"unknown --tactics {tactics!r}", "use auto or default")
-    kind = target_kind(target)
-    for spec in all_specs():
-        if kind not in spec.impls:
-            raise ConfigError(
-                f"target {target} is not supported yet: plugin {spec.name} has no "
-                f"{kind} implementation",
-                "build with --target cpu",
-            )
+    # NOTE: plugins without an implementation for the target kind are left out; an engine
+    # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
     if tactics == "auto" and can_time_on(target):
         return tuple(timed_choices(model, build, progress))
     return tuple(default_choices(target, model))
@@ -138,6 +140,47 @@ def rope_tables(model: ModelConfig, max_seq_len: int) -> dict[str, torch.Tensor]
     return {"rope.cos": cos, "rope.sin": sin}
 
 
+@contextlib.contextmanager
+def kernel_cache(target: str) -> Iterator[str | None]:
+    """Building on the target GPU: a fresh Triton cache for the build, so the launcher modules
+    Triton builds while timing can ship with the engine's kernels (the runtime then builds
+    nothing). Otherwise nothing changes."""
+    if not can_time_on(target):
+        yield None
+        return
+    from ingot.plugins.aot import use_cache_dir
+
+    with tempfile.TemporaryDirectory(prefix="ingot-triton-") as d, use_cache_dir(d):
+        yield d
+
+
+def write_kernels(
+    out: Path,
+    model: ModelConfig,
+    quant,
+    build: BuildConfig,
+    plugins: tuple[PluginChoice, ...],
+    weights: dict[str, torch.Tensor],
+    rank_files: dict[str, str],
+    progress: Progress | None,
+    host_stubs_from: str | None = None,
+) -> dict[str, Any]:
+    """Compile every Triton kernel the engine launches for its SM into kernels.bin."""
+    import triton
+
+    from ingot.runtime.kernels import KERNELS_FILE
+
+    if progress:
+        progress("compiling kernels", 0, 1)
+    shapes = {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
+    blob, count = build_kernel_bundle(model, quant, build, plugins, shapes, host_stubs_from)
+    (out / KERNELS_FILE).write_bytes(blob)
+    rank_files[KERNELS_FILE] = sha256_bytes(blob)
+    if progress:
+        progress("compiling kernels", 1, 1)
+    return {"triton_version": triton.__version__, "kernels": count}
+
+
 def build_engine(
     checkpoint_dir: Path,
     output_dir: Path,
@@ -166,14 +209,31 @@ def build_engine(
                 progress("packing weights", i + 1, len(names))
         weights.update(rope_tables(model, build.max_seq_len))
         rank = "rank0.engine"
+        rank_files: dict[str, str] = {}
+        extra = {"torch_version": torch.__version__, "source": meta.get("source", {})}
         # NOTE: the rank file is written (disk and hashing, both outside the GIL) while the
-        # main thread times tactics on the GPU; the two overlap fully.
+        # main thread times tactics and compiles kernels; the two overlap fully.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-write") as pool:
             writing = pool.submit(write_engine_file, tmp / rank, weights)
             try:
-                plugins = select_plugins(build.target, model, build, progress, tactics)
+                with kernel_cache(build.target) as cache_dir:
+                    plugins = select_plugins(build.target, model, build, progress, tactics)
+                    if target_kind(build.target) == "cuda":
+                        extra.update(
+                            write_kernels(
+                                tmp,
+                                model,
+                                meta["quant"],
+                                build,
+                                plugins,
+                                weights,
+                                rank_files,
+                                progress,
+                                cache_dir,
+                            )
+                        )
             finally:
-                digest = writing.result()
+                rank_files[rank] = writing.result()
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
@@ -184,8 +244,8 @@ def build_engine(
             quant=meta["quant"],
             build=build,
             plugins=plugins,
-            rank_files={rank: digest},
-            extra={"torch_version": torch.__version__, "source": meta.get("source", {})},
+            rank_files=dict(sorted(rank_files.items())),
+            extra=extra,
         )
         write_engine_config(tmp, cfg)
     return Path(output_dir)

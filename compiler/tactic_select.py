@@ -21,6 +21,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _P = "ingot.plugins.attention"
 
 
+def specs_for(kind: str) -> list:
+    """The registered plugins that have an implementation for `kind` ("cpu" or "cuda")."""
+    return [s for s in all_specs() if kind in s.impls]
+
+
 def gemm_sites(m: ModelConfig) -> dict[str, tuple[int, int, bool]]:
     """Use site -> (N, K, has_bias) of every GEMM the decoder runs."""
     return {
@@ -36,7 +41,7 @@ def default_choices(target: str, model: ModelConfig) -> list[PluginChoice]:
     """Every op with its default tactic (the cross-build table)."""
     kind = target_kind(target)
     out = []
-    for spec in all_specs():
+    for spec in specs_for(kind):
         t = spec.default_tactic(kind)
         sites = (
             [None] + list(gemm_sites(model)) if spec.name == "gemm" and kind == "cuda" else [None]
@@ -172,7 +177,7 @@ def timed_choices(
         t, res = best("gemm", cands, lambda: shapes.gemm(n, k, bias), resolve_factory("gemm"))
         return _choice("gemm", t, site, res)
 
-    for spec in all_specs():
+    for spec in specs_for("cuda"):
         if spec.name == "paged_attention":
             jobs.append(("paged_attention", attention))
         elif spec.name == "gemm":

@@ -34,5 +34,9 @@ _op("paged_attention",
 _op("gemm", (), "gemm.reference:make_linear", "gemm.cuda:make_linear", "gemm.cuda:GEMM_TACTICS")
 _op("swiglu", (), "activation.reference:make_swiglu", "activation.triton_kernels:make_swiglu",
     "activation.triton_kernels:SWIGLU_TACTICS")
+# Quantized GEMMs: CPU references only for now; the GPU kernels add their "cuda" impls later.
+register(PluginSpec("fp8_gemm", 1, (), _ACT, {"cpu": f"{_P}.quant.reference:make_fp8_linear"}))
+register(PluginSpec("w4a16_gemm", 1, (("group_size", "int32"),), _ACT,
+                    {"cpu": f"{_P}.quant.reference:make_w4a16_linear"}))
 
 __all__ = ["PluginSpec", "Tactic", "all_specs", "get_spec", "load", "register", "target_kind"]

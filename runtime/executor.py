@@ -13,6 +13,7 @@ import torch
 
 from .engine import LoadedEngine
 from .errors import ConfigError, RequestError
+from .kernels import KERNELS_FILE, install_engine_kernels
 from .kv_cache import KVCache
 from .memory import num_kv_blocks as default_num_kv_blocks
 from .model import AttnMetadata, Decoder, Ops
@@ -51,16 +52,22 @@ class Executor:
         self.config = cfg
         self.device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
         self.dtype = _DTYPES[cfg.model.dtype]
+        self.kernels = 0
+        if self.device.type == "cuda":
+            # NOTE: before any kernel launches, so every launch finds its ahead-of-time binary.
+            self.kernels = install_engine_kernels(engine.dir, cfg.rank_files.get(KERNELS_FILE))
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
         self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant)
         b = cfg.build
+        # Quantization: an FP8 KV cache stores float8_e4m3fn (K/V divided by per-layer scales).
+        kv_dtype = torch.float8_e4m3fn if cfg.quant.kv_cache_dtype == "fp8" else self.dtype
         if num_kv_blocks is None:
             num_kv_blocks = default_num_kv_blocks(
-                cfg.model, b, self.dtype, self.device, kv_cache_free_gpu_memory_fraction
+                cfg.model, b, kv_dtype, self.device, kv_cache_free_gpu_memory_fraction
             )
         if num_kv_blocks <= 0:
             raise ConfigError(f"the KV cache needs at least one block, got {num_kv_blocks}")
-        self.kv = KVCache(cfg.model, num_kv_blocks, b.tokens_per_block, self.dtype, self.device)
+        self.kv = KVCache(cfg.model, num_kv_blocks, b.tokens_per_block, kv_dtype, self.device)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_kv_blocks,

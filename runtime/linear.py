@@ -1,6 +1,7 @@
 """Linear layers of an engine, bound once at load: plain GEMM, or a quantized plugin.
 
 A quantization mode adds a branch to `make_linear` (and its plugins), never a model.
+Quantized weights arrive in the engine layout build-engine repacked them into (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -22,4 +23,15 @@ def make_linear(ops, weights: dict[str, torch.Tensor], prefix: str, quant: Quant
     if quant.mode == "none":
         gemm = ops.at("gemm", site)
         return lambda x: gemm(x, weight, bias)
+    if quant.mode == "fp8":
+        fp8 = ops.at("fp8_gemm", site)
+        w_scale, in_scale = weights[prefix + ".weight_scale"], weights[prefix + ".input_scale"]
+        return lambda x: fp8(x, weight, w_scale, in_scale, bias)
+    if quant.mode == "int4_awq":
+        w4 = ops.at("w4a16_gemm", site)
+        scales = weights[prefix + ".weight_scale"]  # [K/G, N]
+        zeros = weights.get(prefix + ".weight_zero")
+        pqs = weights.get(prefix + ".pre_quant_scale")  # [K]
+        g = quant.group_size
+        return lambda x: w4(x, weight, scales, pqs, g, zeros, bias)
     raise NotImplementedError(f"quantization mode {quant.mode!r} has no linear implementation yet")

@@ -80,6 +80,7 @@ class Decoder:
             for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
         }
         self.scale = cfg.head_dim**-0.5
+        self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
@@ -100,7 +101,9 @@ class Decoder:
             k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
         q, k = ops.rope(q, k, positions, self.cos, self.sin)
         k_cache, v_cache = kv.layer(i)
-        ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping)
+        # FP8 KV cache (quantization): the per-layer scales ride along; nothing extra otherwise.
+        fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
+        ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
         o = ops.paged_attention(
             q,
             k_cache,
@@ -112,6 +115,7 @@ class Decoder:
             c.sliding_window,
             max_query_len=meta.max_query_len,
             max_context_len=meta.max_context_len,
+            **fp8,
         )
         return self.linears[p + "o"](o.reshape(-1, c.q_size))
 

@@ -52,9 +52,14 @@ def _hf_gpu(hf_dir: Path, prompts) -> list[list[int]]:
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p], device="cuda")
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=NEW, pad_token_id=0)
-            outs.append(out[0, len(p):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=NEW,
+                pad_token_id=0,
+            )
+            outs.append(out[0, len(p) :].tolist())
     return outs
 
 
@@ -99,3 +104,64 @@ def test_timed_build_records_tactics_and_runs_bf16(tmp_path):
     a, b = _serve(gpu, prompts), _serve(cpu, prompts)
     same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
     assert same / (NEW * len(prompts)) >= 0.9  # bf16 kernels round differently from the CPU
+
+
+_COUNT_COMPILES = """
+import json, sys
+from ingot.plugins.aot import CompileCounter
+from ingot.runtime.engine import load_engine
+from ingot.runtime.executor import Executor
+from ingot.runtime.types import SamplingParams
+
+with CompileCounter() as c:
+    ex = Executor(load_engine(sys.argv[1]))
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    ex.generate([[5, 6, 7], [4] * 17, [3] * 16, [9] * 33], params)
+print(json.dumps({"compiled": c.kernels, "names": sorted(c.compiled), "hits": c.cache_hits,
+                  "host_builds": c.host_builds, "installed": ex.kernels}))
+"""
+
+
+@pytest.mark.parametrize("tactics", ["auto", "default"])
+def test_engine_kernels_load_without_compiling(tmp_path, tactics):
+    import os
+    import subprocess
+    import sys
+
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=6)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
+    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics=tactics)
+    assert (gpu / "kernels.bin").is_file()
+    # a fresh process with empty Triton and ingot caches: only the engine's kernels exist
+    env = dict(
+        os.environ,
+        XDG_CACHE_HOME=str(tmp_path / "xdg"),
+        TRITON_CACHE_DIR=str(tmp_path / "empty-triton"),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_COMPILES, str(gpu)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts["installed"] > 0 and counts["hits"] > 0
+    assert counts["compiled"] == 0, counts["names"]
+    if tactics == "auto":  # built on this GPU: Triton's launcher modules ship too
+        assert counts["host_builds"] == 0
+
+
+def test_engine_from_another_triton_is_refused(tmp_path, monkeypatch):
+    import triton
+
+    from ingot.runtime.errors import EngineError
+
+    hf = make_tiny_hf_model("qwen3", tmp_path / "hf", seed=6)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
+    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics="default")
+    monkeypatch.setattr(triton, "__version__", "0.0.1")
+    with pytest.raises(EngineError, match="Triton") as e:
+        Executor(load_engine(gpu))
+    assert "rebuild" in e.value.one_line()

@@ -9,6 +9,7 @@ transformers calls once per generated token after the forward pass.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -42,6 +43,7 @@ class HFDriver:
 
     def close(self) -> None:
         del self.model
+        gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

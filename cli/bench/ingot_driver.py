@@ -3,6 +3,7 @@ each token is timestamped in the step callback. No server, no network."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from pathlib import Path
@@ -71,6 +72,7 @@ class IngotDriver:
     def close(self) -> None:
         """Free the weights and the KV pool (before the baseline loads its model)."""
         del self.executor
+        gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -175,8 +175,9 @@ def _plot_throughput(ax, ps: list[dict], systems: list[str]) -> None:
     sweep = len(set(sizes)) > 1 and len({p["name"].rsplit("_b", 1)[0] for p in ps}) == 1
     for k, s in enumerate(systems):
         vals = [(p[s] or {}).get("output_tok_s") or 0 for p in ps]
-        if sweep:
-            ax.plot(sizes, vals, marker="o", label=s)
+        if sweep:  # the baseline may have run fewer requests, so smaller batches: plot those
+            xs = sizes if s == "ingot" else [p["hf"]["hf_mean_batch_size"] for p in ps]
+            ax.plot(xs, vals, marker="o", label=s)
         else:
             ax.bar([i + 0.4 * k for i in range(len(ps))], vals, width=0.4, label=s)
     if sweep:

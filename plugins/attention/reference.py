@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
 
 def write_kv(
     k: torch.Tensor,
@@ -16,12 +18,35 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Scatter k, v: [T, Hkv, hd] into the caches at flat slots [T] (block * block_size + off)."""
+    """Scatter k, v: [T, Hkv, hd] into the caches at flat slots [T] (block * block_size + off).
+
+    k_scale / v_scale (float32 [], FP8 KV cache): store k / k_scale and v / v_scale saturated
+    to float8_e4m3fn; attention multiplies them back. None: store k, v cast to the cache dtype.
+    """
     nb, bs = k_cache.shape[:2]
     slots = slot_mapping.long()
+    if k_scale is not None and v_scale is not None:
+        k, v = _to_fp8(k, k_scale), _to_fp8(v, v_scale)
     k_cache.view(nb * bs, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
     v_cache.view(nb * bs, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
+
+
+def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _gather_dequant(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, scale: torch.Tensor | None, dtype
+) -> torch.Tensor:
+    """gather_kv cast to `dtype`; an FP8 cache is multiplied by its scale (in fp32) first."""
+    kv = gather_kv(cache, block_table, length)
+    if scale is None:
+        return kv.to(dtype)
+    return (kv.float() * scale.float()).to(dtype)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -45,6 +70,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -54,6 +81,7 @@ def paged_attention(
     sliding_window: a query at position i sees keys j with i - sliding_window < j <= i.
     max_query_len / max_context_len: batch metadata GPU kernels use to size their grids (the
     reference derives what it needs). out: optional [T, Hq, hd] result buffer.
+    k_scale / v_scale: an FP8 KV cache's scales (see write_kv); None for a plain cache.
     Returns [T, Hq, hd] in q.dtype.
     """
     out = torch.empty_like(q) if out is None else out
@@ -65,8 +93,14 @@ def paged_attention(
         if q1 == q0:
             continue
         # NOTE: 4-D with a batch of one: CPU SDPA takes another kernel for 3-D inputs.
-        k = gather_kv(k_cache, block_tables[b], ctx).to(q.dtype).transpose(0, 1)[None].contiguous()
-        v = gather_kv(v_cache, block_tables[b], ctx).to(q.dtype).transpose(0, 1)[None].contiguous()
+        if k_scale is None:
+            k = gather_kv(k_cache, block_tables[b], ctx).to(q.dtype)
+            v = gather_kv(v_cache, block_tables[b], ctx).to(q.dtype)
+        else:  # FP8 KV cache
+            k = _gather_dequant(k_cache, block_tables[b], ctx, k_scale, q.dtype)
+            v = _gather_dequant(v_cache, block_tables[b], ctx, v_scale, q.dtype)
+        k = k.transpose(0, 1)[None].contiguous()
+        v = v.transpose(0, 1)[None].contiguous()
         qb = q[q0:q1].transpose(0, 1)[None]  # [1, Hq, n, hd]
         n = q1 - q0
         gqa = hq != k.shape[1]

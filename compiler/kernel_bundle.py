@@ -1,0 +1,110 @@
+"""Ahead-of-time kernels for a GPU engine: find every Triton launch the engine will make, compile
+each for the target SM and pack them into the rank file (`ingot.plugins.aot`).
+
+The launches are found by a dry run of the decoder on the `meta` device with the engine's
+chosen plugins: Triton launches are recorded (dtype, alignment and integer classes are all
+the JIT specializes on) instead of run, so this works without a GPU (cross-build). The dry run
+covers the batch shapes the runtime uses: every decode bucket of the CUDA graphs, and prefill
+batches whose token counts hit each integer class (1, multiple of 16, other).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
+from ingot.runtime.cuda_graphs import batch_buckets
+from ingot.runtime.engine import EngineConfig, PluginChoice
+from ingot.runtime.errors import ConfigError
+from ingot.runtime.kv_cache import KVCache
+from ingot.runtime.model import AttnMetadata, Decoder, Ops
+
+BLOB_NAME = "triton_kernels"
+PREFILL_TOKENS = (1, 2, 16, 17, 32, 33)
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list]:
+    """Inside: every `kernel[grid](...)` is recorded as a KernelSpec and not launched."""
+    from triton.runtime.jit import JITFunction
+
+    from ingot.plugins.aot import KernelSpec
+
+    specs: list = []
+    original = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        specs.append(KernelSpec.of(self, *args, **kwargs))
+
+    JITFunction.run = record
+    try:
+        yield specs
+    finally:
+        JITFunction.run = original
+
+
+def _meta_batch(lens_new: list[int], width: int, max_ctx: int) -> AttnMetadata:
+    i32 = dict(dtype=torch.int32, device="meta")
+    b, t = len(lens_new), sum(lens_new)
+    return AttnMetadata(
+        slot_mapping=torch.empty(t, **i32),
+        block_tables=torch.empty(b, width, **i32),
+        context_lens=torch.empty(b, **i32),
+        query_start_loc=torch.empty(b + 1, **i32),
+        max_context_len=max_ctx,
+        max_query_len=max(lens_new),
+    )
+
+
+def engine_launches(
+    model: ModelConfig,
+    quant: QuantConfig,
+    build: BuildConfig,
+    plugins: tuple[PluginChoice, ...],
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
+) -> list:
+    """KernelSpecs of every Triton launch a GPU engine of these configs makes at run time."""
+    cfg = EngineConfig(model=model, quant=quant, build=build, plugins=plugins, rank_files={})
+    weights = {n: torch.empty(s, dtype=dt, device="meta") for n, (s, dt) in shapes.items()}
+    dtype = weights["embed.weight"].dtype
+    try:
+        decoder = Decoder(model, weights, Ops(cfg), quant)
+    except (AttributeError, NotImplementedError) as e:
+        raise ConfigError(
+            f"target {build.target} cannot run this engine yet: {e}", "build with --target cpu"
+        ) from None
+    kv = KVCache(model, 4, build.tokens_per_block, dtype, torch.device("meta"))
+    width = -(-build.max_seq_len // build.tokens_per_block)
+    batches: list[tuple[list[int], int]] = [
+        ([1] * b, build.max_seq_len) for b in batch_buckets(build.max_batch_size)
+    ]
+    for t in PREFILL_TOKENS:
+        if t <= build.max_num_tokens:
+            batches.append(([t], t))  # one prompt
+            batches.append(([t, 1], t + 1))  # a chunk beside a decode
+    with recorded_launches() as specs:
+        for new, max_ctx in batches:
+            t = sum(new)
+            meta = _meta_batch(new, width, max_ctx)
+            ids = torch.empty(t, dtype=torch.int32, device="meta")
+            hidden = decoder.forward(ids, ids, meta, kv)
+            decoder.logits(hidden[: len(new)])
+    return list(dict.fromkeys(specs))
+
+
+def build_kernel_bundle(
+    model: ModelConfig,
+    quant: QuantConfig,
+    build: BuildConfig,
+    plugins: tuple[PluginChoice, ...],
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    host_stubs_from: str | None = None,
+) -> tuple[bytes, int]:
+    """(bundle blob, number of kernels) compiled for build.target."""
+    from ingot.plugins.aot import compile_bundle
+
+    specs = engine_launches(model, quant, build, plugins, shapes)
+    return compile_bundle(specs, build.target, host_stubs_from=host_stubs_from), len(specs)

@@ -1,0 +1,544 @@
+"""Ahead-of-time Triton kernels: compile for a target SM, pack into the engine, install at load.
+
+The builder describes each chosen kernel launch as a `KernelSpec` (or records them while it times
+tactics on the GPU, `record_launches`), and `compile_bundle` compiles them for the target, with or
+without a GPU, into one blob. The runtime calls `install_bundle(blob, dir)` then `set_cache_dir(dir)`
+before the first launch; the plugins then launch their `@triton.jit` kernels as usual and Triton
+finds every binary in its cache, so nothing is compiled.
+
+NOTE: Triton's cache key hashes its own build (libtriton differs per Python version), the kernel
+source, the specialization, the options and ptxas. So a bundle stores each kernel's specialization
+and `install_bundle` recomputes the key with the local Triton — the key the JIT computes at launch,
+because both come from Triton's own binder (`_replay`). It refuses a bundle whose Triton version,
+target, ptxas, compile-affecting env vars, options or kernel source differ from the local ones.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import struct
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import triton
+
+MAGIC = b"INGOTAOT"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<IQ")  # format version, manifest length
+_KEEP_EXT = (".json", ".cubin")  # all a cache hit needs: metadata and binary
+_HOST_STUBS = ("__triton_launcher", "cuda_utils")  # C modules Triton builds with the host compiler
+_REBUILD = "rebuild with `ingot build-engine --target auto` on this machine"
+
+
+class AOTBundleError(Exception):
+    """A kernel bundle cannot be built, read or used here: what is wrong (message), the fix (hint)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+# --- targets -----------------------------------------------------------------------------------
+
+
+def parse_target(target: str) -> Any:
+    """ "sm_90" -> GPUTarget("cuda", 90, 32); "auto" -> the current GPU's (needs a GPU)."""
+    from triton.backends.compiler import GPUTarget
+
+    if target == "auto":
+        return current_target()
+    arch = target.removeprefix("sm_")
+    if not target.startswith("sm_") or not arch.isdigit():
+        raise AOTBundleError(f"unknown kernel target {target!r}", "use `auto` or e.g. `sm_90`")
+    return GPUTarget("cuda", int(arch), 32)
+
+
+def current_target() -> Any:
+    """The GPUTarget of the current CUDA device; AOTBundleError without one."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    # NOTE: asked of torch, not Triton's driver: activating that builds Triton's C utility module
+    # into the cache dir, which must not happen before `install_bundle` has put it there.
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        raise AOTBundleError("no CUDA GPU found", "pass an explicit target, e.g. `--target sm_90`")
+    major, minor = torch.cuda.get_device_capability()
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+def target_name(target: Any) -> str:
+    return f"sm_{target.arch}"
+
+
+# --- kernel specs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument as specialization sees it: torch dtype name and 16-byte alignment."""
+
+    dtype: str
+    aligned: bool = True
+
+
+class _ArgShape:
+    """Stands in for a tensor at specialization: dtype and pointer alignment are all Triton reads."""
+
+    def __init__(self, dtype: Any, aligned: bool) -> None:
+        self.dtype = dtype
+        self._ptr = 0 if aligned else 8
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One specialization of one `@triton.jit` kernel, as the JIT will see it at launch.
+
+    fn: "package.module:qualname" of the JITFunction. args: one entry per kernel parameter in
+    order: a TensorArg for a tensor, else an example value (ints: only the JIT's classes matter — ==1, %16 == 0, i32/i64 range; constexpr
+    params: their exact value). options: launch options (num_warps, num_stages, ...).
+    """
+
+    fn: str
+    args: tuple[Any, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, fn: Any, *args: Any, **kwargs: Any) -> KernelSpec:
+        """The spec of `fn[grid](*args, **kwargs)`; tensors may be real, on `meta`, or `tensor()`."""
+        names = fn.arg_names
+        options = {k: v for k, v in kwargs.items() if k not in names}
+        params = {k: v for k, v in kwargs.items() if k in names}
+        bound = inspect.signature(fn.fn).bind(*args, **params)
+        bound.apply_defaults()
+        return cls(_fn_path(fn), tuple(_describe(bound.arguments[n]) for n in names),
+                   tuple(sorted(options.items())))  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        args = [{"tensor": a.dtype, "aligned": a.aligned} if isinstance(a, TensorArg) else a
+                for a in self.args]  # fmt: skip
+        return {"fn": self.fn, "args": args, "options": dict(self.options)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KernelSpec:
+        args = tuple(TensorArg(a["tensor"], a["aligned"]) if isinstance(a, dict) else a
+                     for a in d["args"])  # fmt: skip
+        return cls(d["fn"], args, tuple(sorted(d["options"].items())))
+
+
+def tensor(dtype: Any, aligned: bool = True) -> TensorArg:
+    """A tensor argument for `KernelSpec.of` without allocating one (dtype: torch dtype)."""
+    return TensorArg(str(dtype).removeprefix("torch."), aligned)
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, TensorArg):
+        return value
+    if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+        return tensor(value.dtype, value.data_ptr() % 16 == 0)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise AOTBundleError(f"kernel argument {value!r} cannot be recorded ahead of time")
+
+
+def _fn_path(fn: Any) -> str:
+    module = fn.fn.__module__
+    if module == "__main__" or "<locals>" in fn.fn.__qualname__:
+        raise AOTBundleError(
+            f"kernel {fn.fn.__qualname__} is not importable by name",
+            "define AOT kernels at module level in an importable module",
+        )
+    return f"{module}:{fn.fn.__qualname__}"
+
+
+def _import_fn(path: str) -> Any:
+    module, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise AOTBundleError(f"engine kernel {path} does not exist in this ingot", _REBUILD) from e
+    return obj
+
+
+def _replay(spec: KernelSpec, backend: Any) -> tuple[Any, Any, Any]:
+    """(jit fn, ASTSource, options) exactly as `JITFunction.run` derives them for this launch."""
+    import torch
+    from triton import knobs
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = _import_fn(spec.fn)
+    args = [
+        _ArgShape(getattr(torch, a.dtype), a.aligned) if isinstance(a, TensorArg) else a
+        for a in spec.args
+    ]
+    kwargs = dict(spec.options)
+    # NOTE: the next two lines mirror JITFunction.run; the rest is Triton's own binder.
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    src = ASTSource(fn, signature, constexprs, attrs)
+    # as triton.compile re-parses what the JIT passes it:
+    options = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+    return fn, src, options
+
+
+def _spec_from_source(src: Any, metadata: dict[str, Any]) -> KernelSpec:
+    """Invert a compiled ASTSource back into a KernelSpec (checked by replaying it)."""
+    fn = src.fn
+    args: list[Any] = []
+    for i, name in enumerate(fn.arg_names):
+        ty = src.signature[name]
+        div = ["tt.divisibility", 16] in src.attrs.get((i,), [])
+        if ty == "constexpr":
+            value = src.constants[(i,)]
+            args.append(getattr(value, "value", value))
+        elif ty.startswith("*"):
+            args.append(TensorArg(_TORCH_DTYPE[ty[1:]], div))
+        elif ty in _INT_BASE:
+            args.append(_INT_BASE[ty] + (16 if div else 17))
+        elif ty == "u1":
+            args.append(True)
+        elif ty == "fp32":
+            args.append(0.5)
+        else:
+            raise AOTBundleError(f"{_fn_path(fn)}: argument {name} of type {ty} is not supported")
+    from triton.compiler import make_backend
+
+    backend = make_backend(metadata["target"])
+    defaults = backend.parse_options({}).__dict__
+    skip = {"arch", "extern_libs", "instrumentation_mode"}
+    options = {k: v for k, v in metadata.items() if k in defaults and k not in skip}
+    options = {k: v for k, v in options.items() if _norm(v) != _norm(defaults[k])}
+    spec = KernelSpec(_fn_path(fn), tuple(args), tuple(sorted(options.items())))
+    if _replay(spec, backend)[1].hash() != src.hash():
+        raise AOTBundleError(f"{spec.fn}: cannot reproduce its launch specialization")
+    return spec
+
+
+_INT_BASE = {"i32": 0, "i64": 2**32, "u64": 2**63}
+_TORCH_DTYPE = {
+    "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64",
+    "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u1": "bool",
+    "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2",
+}  # fmt: skip
+
+
+def _norm(v: Any) -> Any:
+    """JSON-comparable form of an option value (tuples -> lists)."""
+    return json.loads(json.dumps(v, default=str))
+
+
+def _options_for_check(options: Any) -> dict[str, Any]:
+    d = dict(options.__dict__)
+    d["extern_libs"] = [[k, Path(p).name] for k, p in d["extern_libs"]]  # paths differ per machine
+    return _norm(d)
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[KernelSpec]]:
+    """Collect a KernelSpec for every Triton kernel compiled or loaded while active.
+
+    The builder wraps its timing / warm-up of the chosen tactics at the engine's shapes in this,
+    then passes the (deduplicated) list to `compile_bundle`.
+    """
+    from triton import knobs
+
+    specs: list[KernelSpec] = []
+    previous = knobs.compilation.listener
+
+    def listen(*, src: Any, metadata: dict[str, Any], **kw: Any) -> None:
+        if previous is not None:
+            previous(src=src, metadata=metadata, **kw)
+        if hasattr(src, "fn"):
+            spec = _spec_from_source(src, metadata)
+            if spec not in specs:
+                specs.append(spec)
+
+    knobs.compilation.listener = listen
+    try:
+        yield specs
+    finally:
+        knobs.compilation.listener = previous
+
+
+# --- cache dir ---------------------------------------------------------------------------------
+
+
+def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
+    """Point Triton's kernel cache at `path` for this process (None: back to Triton's default).
+
+    The runtime calls this with the dir it installed the engine's bundle into, before the first
+    launch. Triton mirrors the knob into TRITON_CACHE_DIR, so child processes inherit it.
+    """
+    from triton import knobs
+
+    knobs.cache.dir = None if path is None else str(path)  # None also clears TRITON_CACHE_DIR
+    if path is None:
+        del knobs.cache.dir
+
+
+@contextlib.contextmanager
+def use_cache_dir(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Triton's kernel cache at `path` inside the block; the previous setting (and env) after."""
+    from triton import knobs
+
+    with knobs.cache.scope():
+        set_cache_dir(path)
+        yield
+
+
+# --- bundles -----------------------------------------------------------------------------------
+
+
+def _local_env() -> dict[str, Any]:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return dict(sorted(get_cache_invalidating_env_vars().items()))
+
+
+def compile_bundle(
+    specs: list[KernelSpec], target: str, host_stubs_from: str | os.PathLike[str] | None = None
+) -> bytes:
+    """Compile `specs` for `target` ("sm_90" works without a GPU; "auto": this GPU) into a blob.
+
+    Compiles into Triton's current cache dir (cache hits when the build already ran them).
+    host_stubs_from: a Triton cache dir in which the kernels were launched on a GPU; the C launcher
+    modules Triton built there are packed too, so a runtime with the same Python ABI builds none.
+    """
+    from triton.compiler import make_backend
+
+    gpu = parse_target(target)
+    backend = make_backend(gpu)
+    entries, files = [], []
+    for spec in dict.fromkeys(specs):
+        fn, src, options = _replay(spec, backend)
+        kernel = triton.compile(src, target=gpu, options=options.__dict__)
+        by_name = {Path(p).name: Path(p) for p in kernel.metadata_group.values()}
+        kept = [n for n in sorted(by_name) if n.endswith(_KEEP_EXT)]
+        entries.append({
+            "name": kernel.name, "fn_key": fn.cache_key, "hash": kernel.hash,
+            "options": _options_for_check(options), "spec": spec.to_json(),
+            "signature": src.signature, "files": [_add(files, by_name[n].read_bytes(), n) for n in kept],
+        })  # fmt: skip
+    stubs = []
+    if host_stubs_from is not None:
+        for path in sorted(Path(host_stubs_from).glob("*/*.so")):
+            if path.name.startswith(_HOST_STUBS):
+                stubs.append({"dir": path.parent.name, **_add(files, path.read_bytes(), path.name)})
+    manifest = {
+        "format": FORMAT_VERSION, "triton_version": triton.__version__, "target": target_name(gpu),
+        "ptxas": backend.hash(), "env_vars": _local_env(), "kernels": entries, "host_stubs": stubs,
+        "host_abi": sysconfig.get_config_var("EXT_SUFFIX") if stubs else None,
+    }  # fmt: skip
+    return _pack(manifest, files)
+
+
+def _add(files: list[bytes], data: bytes, name: str) -> dict[str, Any]:
+    offset = sum(len(f) for f in files)
+    files.append(data)
+    return {"file": name, "offset": offset, "size": len(data), "sha256": _sha(data)}
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _pack(manifest: dict[str, Any], files: list[bytes]) -> bytes:
+    head = json.dumps(manifest, sort_keys=True).encode()
+    return MAGIC + _HEADER.pack(FORMAT_VERSION, len(head)) + head + b"".join(files)
+
+
+def _unpack(blob: bytes) -> tuple[dict[str, Any], memoryview]:
+    n = len(MAGIC) + _HEADER.size
+    if len(blob) < n or blob[: len(MAGIC)] != MAGIC:
+        raise AOTBundleError("engine kernel bundle is not an ingot kernel bundle", _REBUILD)
+    version, size = _HEADER.unpack_from(blob, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise AOTBundleError(
+            f"engine kernel bundle has format {version}; this ingot reads {FORMAT_VERSION}",
+            _REBUILD,
+        )
+    try:
+        manifest = json.loads(bytes(blob[n : n + size]))
+    except ValueError as e:
+        raise AOTBundleError("engine kernel bundle manifest is corrupt", _REBUILD) from e
+    return manifest, memoryview(blob)[n + size :]
+
+
+def _payload(data: memoryview, entry: dict[str, Any]) -> bytes:
+    out = bytes(data[entry["offset"] : entry["offset"] + entry["size"]])
+    if len(out) != entry["size"] or _sha(out) != entry["sha256"]:
+        raise AOTBundleError(f"engine kernel file {entry['file']} is corrupt", _REBUILD)
+    return out
+
+
+def _short(ptxas_hash: str) -> str:
+    """'...Cuda compilation tools, release 12.8, V12.8.93...-90' -> 'V12.8.93'."""
+    words = [w for w in ptxas_hash.replace(",", " ").split() if w.startswith("V")]
+    return words[-1] if words else ptxas_hash.strip()[:40]
+
+
+def bundle_manifest(blob: bytes) -> dict[str, Any]:
+    """The bundle's manifest: format, triton_version, target, ptxas, env_vars, kernels, ..."""
+    return _unpack(blob)[0]
+
+
+def check_bundle(blob: bytes, target: str | None = None) -> dict[str, Any]:
+    """The manifest, if this machine can load the bundle's kernels; else AOTBundleError.
+
+    target: the SM to check against, e.g. "sm_90"; None means the current GPU.
+    """
+    from triton.compiler import make_backend
+
+    manifest = bundle_manifest(blob)
+    gpu = current_target() if target is None else parse_target(target)
+    built = f"Triton {manifest['triton_version']} for {manifest['target']}"
+    here = f"Triton {triton.__version__} on {target_name(gpu)}"
+    if manifest["triton_version"] != triton.__version__ or manifest["target"] != target_name(gpu):
+        raise AOTBundleError(
+            f"engine kernels were compiled with {built}; this machine has {here}", _REBUILD
+        )
+    ptxas = make_backend(gpu).hash()
+    if manifest["ptxas"] != ptxas:
+        raise AOTBundleError(
+            f"engine kernels were compiled with ptxas {_short(manifest['ptxas'])}; this machine's "
+            f"Triton uses ptxas {_short(ptxas)}",
+            "unset TRITON_PTXAS_PATH or " + _REBUILD,
+        )
+    env = _local_env()
+    if manifest["env_vars"] != env:
+        raise AOTBundleError(
+            f"engine kernels were compiled with Triton env {manifest['env_vars']}; here it is {env}",
+            "unset the differing TRITON_* variables or " + _REBUILD,
+        )
+    return manifest
+
+
+@dataclass
+class InstallReport:
+    kernels: int = 0
+    relocated: int = 0  # kernels whose cache key differs from the builder's (other Triton build)
+    host_stubs: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+def install_bundle(
+    blob: bytes, dest_dir: str | os.PathLike[str], target: str | None = None
+) -> InstallReport:
+    """Write the bundle's kernels into `dest_dir` as Triton cache entries under the keys the local
+    JIT will compute, after `check_bundle`. Then `set_cache_dir(dest_dir)` before the first launch.
+
+    Imports each kernel's module. Raises AOTBundleError when a kernel's source differs from the
+    one compiled (the engine came from another ingot) or its options would differ here.
+    """
+    from triton.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+
+    manifest = check_bundle(blob, target)
+    _, data = _unpack(blob)
+    backend = make_backend(parse_target(manifest["target"]))
+    report = InstallReport()
+    Path(dest_dir).mkdir(parents=True, exist_ok=True)
+    with use_cache_dir(dest_dir):
+        for entry in manifest["kernels"]:
+            spec = KernelSpec.from_json(entry["spec"])
+            fn, src, options = _replay(spec, backend)
+            if fn.cache_key != entry["fn_key"]:
+                raise AOTBundleError(
+                    f"engine kernel {spec.fn} differs from this ingot's source", _REBUILD
+                )
+            if _options_for_check(options) != entry["options"]:
+                raise AOTBundleError(
+                    f"engine kernel {spec.fn} compile options differ here", _REBUILD
+                )
+            key = get_cache_key(src, backend, options, _local_env())
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            cache = get_cache_manager(digest)
+            group = {}
+            for f in entry["files"]:
+                content = _payload(data, f)
+                if f["file"].endswith(".json"):
+                    meta = json.loads(content)
+                    meta["hash"] = digest  # NOTE: CompiledKernel takes the hash from its key
+                    content = json.dumps(meta).encode()
+                group[f["file"]] = cache.put(content, f["file"], binary=True)
+            cache.put_group(f"{entry['name']}.json", group)
+            report.kernels += 1
+            report.relocated += digest != entry["hash"]
+            report.names.append(entry["name"])
+        if manifest["host_abi"] == sysconfig.get_config_var("EXT_SUFFIX"):
+            for stub in manifest["host_stubs"]:
+                digest = base64.b32decode(stub["dir"] + "=" * (-len(stub["dir"]) % 8)).hex()
+                get_cache_manager(digest).put(_payload(data, stub), stub["file"], binary=True)
+                report.host_stubs += 1
+    return report
+
+
+# --- counting compilations ---------------------------------------------------------------------
+
+
+class CompileCounter:
+    """Counts what Triton compiles while active.
+
+    kernels: Triton pipeline runs (source -> cubin); a cache hit is not one (`cache_hits`).
+    host_builds: C modules (kernel launchers, driver utils) built with the host C compiler.
+    Uses `triton.knobs.compilation.listener` (called by `triton.compile` with cache_hit) and wraps
+    `triton.runtime.build._build`, which `compile_module_from_src` calls only on a cache miss.
+    """
+
+    def __init__(self) -> None:
+        self.kernels = 0
+        self.cache_hits = 0
+        self.host_builds = 0
+        self.compiled: list[str] = []
+        self.host_built: list[str] = []
+
+    def __enter__(self) -> CompileCounter:
+        import triton.runtime.build as build
+        from triton import knobs
+
+        self._previous = knobs.compilation.listener
+        self._build = build._build
+        knobs.compilation.listener = self._listen
+        build._build = self._count_build
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import triton.runtime.build as build
+        from triton import knobs
+
+        knobs.compilation.listener = self._previous
+        build._build = self._build
+
+    def _listen(self, *, src: Any, metadata: dict[str, Any], cache_hit: bool, **kw: Any) -> None:
+        if self._previous is not None:
+            self._previous(src=src, metadata=metadata, cache_hit=cache_hit, **kw)
+        if cache_hit:
+            self.cache_hits += 1
+        else:
+            self.kernels += 1
+            self.compiled.append(str(metadata.get("name", getattr(src, "name", "?"))))
+
+    def _count_build(self, name: str, *args: Any, **kwargs: Any) -> str:
+        self.host_builds += 1
+        self.host_built.append(name)
+        return self._build(name, *args, **kwargs)

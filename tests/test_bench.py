@@ -1,0 +1,281 @@
+"""`ingot bench` on a tiny CPU engine: every mode runs, every field is present and consistent.
+
+These check invariants (token counts, ordered percentiles, ratios against raw figures, files
+written), never speed: timings on a shared CI machine are noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from ingot.cli.bench import Options
+from ingot.cli.bench.hf_model import model_from_engine
+from ingot.cli.bench.points import build_points
+from ingot.cli.bench.workload import (
+    from_jsonl,
+    point_seed,
+    synthetic,
+    with_poisson_arrivals,
+)
+from ingot.cli.bench_cmd import bench_cmd
+from ingot.cli.main import user_errors
+from ingot.compiler.build import build_engine
+from ingot.compiler.convert import convert_checkpoint
+from ingot.runtime.config import BuildConfig, ModelConfig
+from ingot.runtime.engine import load_engine
+
+app = typer.Typer()
+
+
+@app.callback()
+def _group() -> None:
+    """Keeps `bench` a named subcommand, as in the real app."""
+
+
+app.command("bench")(user_errors(bench_cmd))
+
+
+def _engine(hf: Path, out: Path) -> Path:
+    ckpt = convert_checkpoint(hf, out / "ckpt", dtype="float32")
+    overrides = {"max_seq_len": 64, "max_batch_size": 8, "max_num_tokens": 256}
+    return build_engine(ckpt, out / "engine", target="cpu", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_hf_dir, tmp_path_factory) -> Path:
+    return _engine(tiny_hf_dir("llama", seed=3), tmp_path_factory.mktemp("bench"))
+
+
+def _bench(engine: Path, out: Path, *args):
+    argv = ["bench", "--engine-dir", str(engine), "--output-dir", str(out), *map(str, args)]
+    return CliRunner().invoke(app, argv)
+
+
+def _close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
+
+
+def _check_dist(d: dict | None) -> None:
+    assert d is not None
+    assert 0 <= d["p50"] <= d["p90"] <= d["p99"] <= d["max"]
+    assert d["mean"] <= d["max"]
+
+
+def _check_figures(m: dict, point: dict, system: str) -> None:
+    n = m["num_requests"]
+    w = point["workload"]
+    assert n == (w["num_requests"] if system == "ingot" else point["hf_num_requests"])
+    # every requested token was generated, streamed (timestamped) and counted once
+    assert m["output_tokens"] == m["output_tokens_generated"] == m["output_tokens_requested"]
+    if system == "ingot":
+        assert m["output_tokens"] == w["output_tokens"] and m["input_tokens"] == w["input_tokens"]
+    t = m["elapsed_s"]
+    assert t > 0
+    assert _close(m["output_tok_s"] * t, m["output_tokens"])
+    assert _close(m["total_tok_s"] * t, m["input_tokens"] + m["output_tokens"])
+    assert _close(m["requests_per_s"] * t, n)
+    for key in ("ttft_ms", "itl_ms", "e2e_latency_ms", "decode_tok_s_per_request"):
+        _check_dist(m[key])
+    assert m["ttft_ms"]["max"] <= m["e2e_latency_ms"]["max"]
+    dec = m["decode"]
+    assert dec["steps"] > 0 and dec["tokens"] >= dec["steps"]
+    assert _close(dec["tok_s"], dec["tokens"] / dec["seconds"])
+    assert dec["roofline_tok_s"] > 0 and 0 < dec["fraction_of_roofline"]
+    assert _close(dec["fraction_of_roofline"], dec["tok_s"] / dec["roofline_tok_s"])
+    mem = m["memory"]
+    assert mem["gpu_peak_allocated_bytes"] is None and mem["process_peak_rss_bytes"] > 0
+    assert "RSS" in mem["kind"]
+    if system == "ingot":
+        kv = m["kv_cache"]
+        assert 0 < kv["peak_used_blocks"] <= kv["num_blocks"]
+        assert 0 <= kv["mean_utilization"] <= kv["peak_utilization"] <= 1
+        assert set(m["prefix_cache"]) >= {"hit_blocks", "miss_blocks", "hit_rate"}
+    else:
+        assert m["kv_cache"] is None and m["prefix_cache"] is None
+
+
+def _check_ratios(r: dict, ours: dict, hf: dict) -> None:
+    assert _close(r["output_tok_s_ratio"], ours["output_tok_s"] / hf["output_tok_s"])
+    assert _close(r["ttft_p50_speedup"], hf["ttft_ms"]["p50"] / ours["ttft_ms"]["p50"])
+    assert _close(r["itl_p99_speedup"], hf["itl_ms"]["p99"] / ours["itl_ms"]["p99"])
+
+
+def _load(out: Path, stem: str) -> dict:
+    for ext in ("json", "md", "png"):
+        assert (out / f"{stem}.{ext}").stat().st_size > 0
+    assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((out / f"{stem}.json").read_text())
+    assert doc["schema"] == "ingot-bench" and doc["schema_version"] == 1
+    assert doc["bandwidth"]["bytes_per_s"] > 0 and doc["device"]["type"] == "cpu"
+    roof = doc["roofline"]
+    assert roof["weight_bytes_per_step"] > 0 and roof["kv_bytes_per_token"] > 0
+    md = (out / f"{stem}.md").read_text()
+    for p in doc["results"]:
+        assert p["name"] in md
+    return doc
+
+
+def test_latency_with_hf_baseline(engine, tmp_path):
+    r = _bench(engine, tmp_path, "latency", "--input-len", 20, "--output-len", 6,
+               "--num-requests", 3, "--baseline", "hf")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = _load(tmp_path, "latency")
+    assert doc["mode"] == "latency" and doc["baseline"]["name"] == "hf"
+    (p,) = doc["results"]
+    assert p["batch_size"] == 1 and p["workload"]["input_len"]["mean"] == 20
+    for system in ("ingot", "hf"):
+        _check_figures(p[system], p, system)
+        assert p[system]["decode"]["mean_batch"] == 1  # batch 1: one sequence per step
+        assert len(p[system]["itl_ms"]) == 5
+    _check_ratios(p["vs_hf"], p["ingot"], p["hf"])
+    assert "| latency_in20_out6 | ingot |" in r.stdout
+
+
+def test_throughput_batch_sweep_with_reduced_baseline(engine, tmp_path):
+    r = _bench(engine, tmp_path, "throughput", "--input-len", 12, "--output-len", 5,
+               "--batch-sizes", "1,4", "--num-requests", 4, "--baseline", "hf",
+               "--hf-num-requests", 2)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = _load(tmp_path, "throughput")
+    assert [p["batch_size"] for p in doc["results"]] == [1, 4]
+    for p in doc["results"]:
+        assert p["hf_num_requests"] == 2 and p["hf"]["num_requests"] == 2
+        _check_figures(p["ingot"], p, "ingot")
+        _check_figures(p["hf"], p, "hf")
+        _check_ratios(p["vs_hf"], p["ingot"], p["hf"])
+        assert p["ingot"]["decode"]["mean_batch"] <= p["batch_size"]
+    # the two points drew different prompts (no prefix hits between points)
+    assert all(p["ingot"]["prefix_cache"]["hit_blocks"] == 0 for p in doc["results"])
+    assert "ingot vs hf" in (tmp_path / "throughput.md").read_text()
+
+
+def test_serve_poisson_rates_and_prefix_cache(engine, tmp_path):
+    r = _bench(engine, tmp_path, "serve", "--input-len", 40, "--output-len", 4,
+               "--shared-prefix-len", 32, "--request-rates", "50,400",
+               "--num-requests", 6)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = _load(tmp_path, "serve")
+    assert doc["baseline"] is None
+    assert [p["request_rate"] for p in doc["results"]] == [50, 400]
+    for p in doc["results"]:
+        assert p["hf"] is None and p["vs_hf"] is None
+        _check_figures(p["ingot"], p, "ingot")
+        pc = p["ingot"]["prefix_cache"]
+        # the shared 32-token prefix is two full blocks: every request after the first hits
+        assert pc["hit_blocks"] >= 2 * 5 and 0 < pc["hit_rate"] <= 1
+
+
+def test_throughput_from_dataset(engine, tmp_path):
+    data = tmp_path / "d.jsonl"
+    rows = [{"input_len": 9, "output_len": 3}, {"prompt_ids": [5, 6, 7], "output_len": 7}]
+    data.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    r = _bench(engine, tmp_path, "throughput", "--dataset", data, "--baseline", "hf")
+    assert r.exit_code == 0, r.output
+    (p,) = _load(tmp_path, "throughput")["results"]
+    assert p["workload"]["output_tokens"] == 10 and p["workload"]["input_tokens"] == 12
+    _check_figures(p["ingot"], p, "ingot")
+    _check_figures(p["hf"], p, "hf")  # padded static batch: only requested tokens count
+    assert p["hf"]["hf_wasted_tokens"] == 4
+
+
+def test_user_errors_are_one_line(engine, tmp_path):
+    cases = [
+        ((), "no MODE"),
+        (("fastest",), "unknown mode"),
+        (("latency", "--input-len", 60, "--output-len", 10), "max_seq_len"),
+        (("throughput", "--batch-sizes", "4,99"), "max_batch_size"),
+        (("serve", "--request-rates", "-1"), "> 0"),
+        (("latency", "--baseline", "vllm"), "--baseline"),
+        (("latency", "--grid", "standard"), "not both"),
+        (("latency", "--grid", "huge"), "not both"),
+    ]
+    for args, needle in cases:
+        r = _bench(engine, tmp_path / "x", *args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    r = _bench(engine, tmp_path / "x", "--grid", "huge")
+    assert r.exit_code == 2 and "unknown --grid" in r.stderr
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "latency.md").write_text("keep me")
+    r = _bench(engine, tmp_path / "y", "latency", "--num-requests", 1)
+    assert r.exit_code == 2 and "--force" in r.stderr
+    assert (tmp_path / "y" / "latency.md").read_text() == "keep me"
+
+
+def test_workloads_are_reproducible(tmp_path):
+    a = synthetic(4, 10, 3, vocab_size=100, seed=7, shared_prefix_len=4)
+    assert a == synthetic(4, 10, 3, vocab_size=100, seed=7, shared_prefix_len=4)
+    assert a != synthetic(4, 10, 3, vocab_size=100, seed=8, shared_prefix_len=4)
+    assert len({it.prompt_ids[:4] for it in a.items}) == 1
+    assert len({it.prompt_ids for it in a.items}) == 4
+    assert point_seed(0, "latency_in1_out1") == point_seed(0, "latency_in1_out1")
+    assert point_seed(0, "a") != point_seed(0, "b")
+    s = with_poisson_arrivals(a, rate=10.0, seed=1)
+    assert s.arrivals == with_poisson_arrivals(a, rate=10.0, seed=1).arrivals
+    assert s.arrivals[0] == 0 and list(s.arrivals) == sorted(s.arrivals)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input_len": 5, "output_len": 2}\n\n{"input_len": 3, "output_len": 1}\n')
+    d = from_jsonl(data, vocab_size=50, seed=3)
+    assert [it.input_len for it in d.items] == [5, 3] and d == from_jsonl(data, 50, 3)
+
+
+def test_standard_grid_is_the_h200_grid():
+    m = ModelConfig(
+        architecture="LlamaForCausalLM",
+        family="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+    )
+    b = BuildConfig(max_batch_size=256, max_seq_len=8192, target="sm_90")
+    points = build_points(Options(mode="grid"), m, b, grid="standard")
+    modes = [p.mode for p in points]
+    assert modes == ["latency"] + ["throughput"] * 4 + ["serve"] * 3
+    shapes = [
+        (p.workload.items[0].input_len, p.workload.items[0].output_len)
+        for p in points
+        if p.mode == "throughput"
+    ]
+    assert shapes == [(128, 128), (128, 2048), (2048, 128), (2048, 2048)]
+    assert points[0].max_concurrency == 1
+    assert [p.request_rate for p in points if p.mode == "serve"] == [4.0, 16.0, 64.0]
+    assert all(p.hf_num_requests <= len(p.workload) for p in points)
+    assert len({p.workload.seed for p in points}) == len(points)
+
+
+@pytest.mark.parametrize(
+    "family,kw",
+    [
+        ("llama", {"rope_scaling_llama3": True}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("mistral", {}),
+        ("qwen2", {}),
+        ("qwen3", {}),
+    ],  # fmt: skip
+)
+def test_hf_model_rebuilt_from_engine_matches_source(family, kw, tiny_hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_dir(family, **kw)
+    eng = load_engine(_engine(hf, tmp_path))
+    cfg = eng.config
+    rebuilt = model_from_engine(eng.weights(), cfg.model, cfg.quant.mode, torch.device("cpu"))
+    source = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    ids = torch.randint(
+        0, cfg.model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        assert torch.equal(rebuilt(ids).logits, source(ids).logits)
