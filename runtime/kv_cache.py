@@ -26,11 +26,12 @@ class KVCache:
             raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
         self.num_blocks = num_blocks
         self.tokens_per_block = tokens_per_block
-        # NOTE: zero-filled so that padded block-table entries (block 0) read finite values.
+        # NOTE: zero-filled so that padded block-table entries (block 0) read finite values;
+        # one block more than the scheduler's: the scratch block.
         self.data = torch.zeros(
             cfg.num_layers,
             2,
-            num_blocks,
+            num_blocks + 1,
             tokens_per_block,
             cfg.num_kv_heads,
             cfg.head_dim,

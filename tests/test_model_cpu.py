@@ -127,3 +127,14 @@ def test_llama3_rope_scaling_bands():
         and torch.all(scaled[mid] <= base[mid])
         and torch.all(scaled[mid] >= base[mid] / 8)
     )
+
+
+def test_kv_cache_has_a_scratch_block_past_the_schedulers():
+    from ingot.runtime.config import ModelConfig
+
+    m = ModelConfig("LlamaForCausalLM", "llama", 32, 16, 32, 1, 2, 1, 8, 64)
+    kv = KVCache(
+        m, num_blocks=5, tokens_per_block=4, dtype=torch.float32, device=torch.device("cpu")
+    )
+    k, v = kv.layer(0)
+    assert kv.scratch_block == 5 and k.shape[0] == 6 and v.shape[0] == 6
