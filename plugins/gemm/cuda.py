@@ -17,7 +17,8 @@ bandwidth. The GEMV kernel below reads each weight element once for all T rows o
 * rows past N are clamped to row 0 (their result is masked at the store), so the weight
   loads in the main loop carry no mask; only a tail chunk (K % BLOCK_K) is masked.
 
-Larger x falls back to cuBLAS inside the same tactic. fp32 goes through cuBLAS with TF32 off.
+x with more than the tactic's `max_m` rows, K not a multiple of 16 bytes, or unaligned rows
+fall back to cuBLAS inside the same tactic; fp32 goes through cuBLAS with TF32 off.
 Embedding: torch's gather kernel.
 """
 
@@ -33,7 +34,7 @@ from ..registry import Tactic
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
 
 
-def _gemv(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 8) -> Tactic:
+def _gemv(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> Tactic:
     name = f"gemv_n{bn}_k{bk}_w{w}_s{s}" + (f"_u{unroll}" if unroll != 1 else "")
     return Tactic(
         name,
@@ -49,17 +50,22 @@ def _gemv(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 8) -> 
 
 
 # block_k >= 256 * num_warps keeps every warp along K (one layout for x and weight chunks).
+# max_m: every program re-reads its T rows of x (from L2) per BLOCK_N weight rows, so narrow
+# tactics lose to cuBLAS as T grows (H200: n2/k2048 tactics at T=4 ran 1.3-2.4x slower than
+# cuBLAS, n8_k1024_w4 matched or beat it); past max_m a tactic hands the call to cuBLAS.
+# First (the default when cross-building without a GPU): among the fastest at T=1 on the H200
+# for qkv, gate_up and down (scripts/bench_gemv.py).
 GEMM_TACTICS: tuple[Tactic, ...] = (
+    _gemv(2, 2048, 8, 1, max_m=1),
     Tactic("cublas"),
-    _gemv(4, 1024, 4, 1),
-    _gemv(8, 1024, 4, 1),
-    _gemv(4, 1024, 4, 1, unroll=2),
-    _gemv(2, 2048, 8, 1),
-    _gemv(4, 2048, 8, 1),
-    _gemv(4, 1024, 4, 3),
-    _gemv(8, 512, 2, 4),
-    _gemv(2, 1024, 4, 4),
-    _gemv(8, 2048, 8, 2),
+    _gemv(2, 2048, 8, 1, unroll=2, max_m=1),
+    _gemv(2, 1024, 4, 1, unroll=2, max_m=1),
+    _gemv(4, 1024, 4, 1, unroll=2, max_m=2),
+    _gemv(8, 1024, 4, 1, max_m=4),
+    _gemv(4, 1024, 4, 1, max_m=2),
+    _gemv(4, 1024, 4, 3, max_m=2),
+    _gemv(8, 512, 2, 4, max_m=4),
+    _gemv(8, 2048, 8, 2, max_m=1),
 )
 EMBEDDING_TACTICS: tuple[Tactic, ...] = (Tactic("torch"),)
 
@@ -69,7 +75,6 @@ def _gemv_chunk(
     acc,
     w_ptrs,
     x_ptrs,
-    xm,
     k0,
     K,
     MASKED: tl.constexpr,
@@ -81,10 +86,10 @@ def _gemv_chunk(
     if MASKED:
         km = (k0 + tl.arange(0, BLOCK_K)) < K
         wt = tl.load(w_ptrs + k0, mask=km[None, :], other=0.0, eviction_policy="evict_first")
-        xt = tl.load(x_ptrs + k0, mask=xm & km[None, :], other=0.0)
+        xt = tl.load(x_ptrs + k0, mask=km[None, :], other=0.0)
     else:
         wt = tl.load(w_ptrs + k0, eviction_policy="evict_first")
-        xt = tl.load(x_ptrs + k0, mask=xm, other=0.0)
+        xt = tl.load(x_ptrs + k0)
     w4 = tl.reshape(wt.to(tl.float32), [1, BLOCK_N, BLOCK_K // VEC, VEC])
     x4 = tl.reshape(xt.to(tl.float32), [BLOCK_M, 1, BLOCK_K // VEC, VEC])
     return acc + tl.sum(w4 * x4, axis=3)
@@ -98,9 +103,9 @@ def _gemv_kernel(
     out_ptr,
     T,
     N,
-    K,
-    sxm,
-    swn,
+    K_v,
+    sxm_v,
+    swn_v,
     som,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -110,23 +115,30 @@ def _gemv_kernel(
     STAGES: tl.constexpr,
     UNROLL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows."""
+    """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
+
+    K and the row strides come divided by VEC (16 bytes of elements), so the compiler knows
+    every row starts 16-byte aligned and emits 16-byte loads for any K that is a multiple of VEC.
+    """
+    K = K_v * VEC
+    sxm = sxm_v * VEC
+    swn = swn_v * VEC
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = rn < N
     rn_c = tl.where(nm, rn, 0)  # out-of-range rows re-read row 0; masked at the store
     rm = tl.arange(0, BLOCK_M)
     mm = rm < T
+    rm_c = tl.where(mm, rm, 0)  # rows of x past T re-read row 0; masked at the store
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rn_c.to(tl.int64)[:, None] * swn + rk[None, :]
-    x_ptrs = x_ptr + rm[:, None] * sxm + rk[None, :]
-    xm = mm[:, None]
+    x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
     k_full = (K // BLOCK_K) * BLOCK_K
     for k0 in tl.range(0, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, xm, k0, K, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
+        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k0, K, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
     if k_full < K:
-        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, xm, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
+        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
     y = tl.sum(acc, axis=2)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
@@ -156,7 +168,10 @@ def _cublas_call(x, weight, bias, out):
 
 
 def _gemv_ok(x, weight, bias, out, max_m: int) -> bool:
+    """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
+    multiple of 8 halves: every real model; anything else goes to cuBLAS)."""
     T = x.shape[0] if x.dim() == 2 else 0
+    vec = 16 // x.element_size()
     return (
         x.dim() == 2
         and 0 < T <= min(max_m, _MAX_BLOCK_M)
@@ -168,7 +183,12 @@ def _gemv_ok(x, weight, bias, out, max_m: int) -> bool:
         and x.stride(1) == 1
         and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1))
         and (out is None or (out.dtype == x.dtype and out.dim() == 2 and out.stride(1) == 1))
-        and x.is_cuda
+        and x.device.type in ("cuda", "meta")  # meta: the AOT dry run records this launch
+        and x.shape[1] % vec == 0
+        and x.stride(0) % vec == 0
+        and weight.stride(0) % vec == 0
+        and x.data_ptr() % 16 == 0
+        and weight.data_ptr() % 16 == 0
     )
 
 
@@ -190,6 +210,7 @@ def make_linear(tactic: Tactic | None = None):
         if out is None:
             out = torch.empty((T, N), dtype=x.dtype, device=x.device)
         bn = int(params["block_n"])
+        vec = 16 // x.element_size()
         _gemv_kernel[(triton.cdiv(N, bn),)](
             x,
             weight,
@@ -197,15 +218,15 @@ def make_linear(tactic: Tactic | None = None):
             out,
             T,
             N,
-            K,
-            x.stride(0),
-            weight.stride(0),
+            K // vec,
+            x.stride(0) // vec,
+            weight.stride(0) // vec,
             out.stride(0),
             HAS_BIAS=bias is not None,
             BLOCK_M=triton.next_power_of_2(T),
             BLOCK_N=bn,
             BLOCK_K=int(params["block_k"]),
-            VEC=16 // x.element_size(),
+            VEC=vec,
             STAGES=int(params.get("num_stages", 1)),
             UNROLL=int(params.get("unroll", 1)),
             num_warps=int(params["num_warps"]),
