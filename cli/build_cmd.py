@@ -51,6 +51,12 @@ def build_engine_cmd(
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
     ),
+    max_kl: float = typer.Option(
+        None,
+        "--max-kl",
+        help="Refuse to build when the quantized checkpoint's accuracy report has a mean KL "
+        "divergence (nats, vs the unquantized model) above this.",
+    ),
 ) -> None:
     """Build an engine for one target from a checkpoint (written atomically)."""
     from ingot.compiler.build import build_engine
@@ -71,5 +77,6 @@ def build_engine_cmd(
             force=force,
             progress=progress,
             tactics=tactics,
+            max_kl=max_kl,
         )
     typer.echo(f"engine written to {out}")

@@ -29,7 +29,21 @@ def inspect_engine_cmd(
         f"model         {m.architecture} ({m.family}) {m.num_layers} layers, hidden {m.hidden_size}, "
         f"heads {m.num_heads}/{m.num_kv_heads}, vocab {m.vocab_size}, {m.dtype}"
     )
-    typer.echo(f"quantization  {q.mode} (kv cache {q.kv_cache_dtype})")
+    typer.echo(f"quantization  {q.mode} (kv cache {q.kv_cache_dtype})" + _quant_detail(q))
+    rep = (cfg.extra or {}).get("quant_report")
+    if rep:
+        base = rep.get("unquantized_baseline", {})
+        typer.echo(
+            f"accuracy      top-1 agreement {rep['top1_agreement']:.4f}, mean KL "
+            f"{rep['mean_kl']:.4g} (max {rep['max_kl']:.4g}) nats on "
+            f"{rep['held_out']['positions']} held-out tokens; unquantized {m.dtype}: "
+            f"top-1 {base.get('top1_agreement', float('nan')):.4f}, "
+            f"KL {base.get('mean_kl', float('nan')):.4g}"
+        )
+        typer.echo(
+            f"              vs {rep['reference']}; calibrated on "
+            f"{rep['calibration']['samples']} sequences with {rep['calibration']['tool']}"
+        )
     typer.echo(
         f"build         max_batch_size {b.max_batch_size}, max_seq_len {b.max_seq_len}, "
         f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
@@ -47,3 +61,11 @@ def inspect_engine_cmd(
         else:
             what = f"{extra.get('kernels', '?')} kernels, Triton {extra.get('triton_version', '?')}"
         typer.echo(f"{name:<14}{size / 2**20:.1f} MiB, {what}, sha256 {digest[:16]}… verified")
+
+
+def _quant_detail(q) -> str:
+    if q.mode == "fp8":
+        return ", W8A8 FP8 e4m3, static per-tensor scales"
+    if q.mode == "int4_awq":
+        return f", W4A16 INT4 AWQ, group size {q.group_size}"
+    return ""

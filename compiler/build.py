@@ -20,9 +20,10 @@ from typing import Any
 import torch
 import yaml
 
-from ingot.plugins import target_kind
+from ingot.plugins import get_spec, target_kind
+from ingot.plugins.quant import GEMM_PLUGIN_OF_MODE, unused_plugins
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
-from ingot.runtime.config import BuildConfig, ModelConfig
+from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
 from ingot.runtime.engine import EngineConfig, PluginChoice, write_engine_config
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
@@ -30,6 +31,7 @@ from ingot.runtime.errors import ConfigError
 from .atomic import atomic_output_dir
 from .checkpoint import TOKENIZER_DIR, load_checkpoint
 from .kernel_bundle import build_kernel_bundle
+from .quantize.layout import repack_for_engine
 from .tactic_select import can_time_on, default_choices, timed_choices
 
 Progress = Callable[[str, int, int], None]
@@ -101,16 +103,55 @@ def select_plugins(
     build: BuildConfig,
     progress: Progress | None = None,
     tactics: str = "auto",
+    quant: QuantConfig | None = None,
 ) -> tuple[PluginChoice, ...]:
     """Each op's implementation and tactic for the target: timed on the target GPU when this
-    machine has it and `tactics` is "auto", else the default tactic table (cross-build)."""
+    machine has it and `tactics` is "auto", else the default tactic table (cross-build).
+    Quantized GEMM plugins that the engine's quantization mode does not run are left out."""
     if tactics not in ("auto", "default"):
         raise ConfigError(f"unknown --tactics {tactics!r}", "use auto or default")
+    quant = quant or QuantConfig()
+    check_quant_target(target, quant)
+    unused = unused_plugins(quant.mode)
     # NOTE: plugins without an implementation for the target kind are left out; an engine
     # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
     if tactics == "auto" and can_time_on(target):
-        return tuple(timed_choices(model, build, progress))
-    return tuple(default_choices(target, model))
+        return tuple(c for c in timed_choices(model, build, progress) if c.name not in unused)
+    return tuple(c for c in default_choices(target, model) if c.name not in unused)
+
+
+def check_quant_target(target: str, quant: QuantConfig) -> None:
+    """Refuse quantized engines for a target whose kernels do not exist yet (one clear line)."""
+    kind = target_kind(target)
+    gemm = GEMM_PLUGIN_OF_MODE.get(quant.mode)
+    if gemm and kind not in get_spec(gemm).impls:
+        raise ConfigError(
+            f"target {target} is not supported yet for {quant.mode} engines "
+            f"(plugin {gemm} has no {kind} implementation)",
+            "build with --target cpu",
+        )
+    if kind != "cpu" and quant.kv_cache_dtype == "fp8":
+        raise ConfigError(
+            f"target {target} is not supported yet for an FP8 KV cache (no GPU kernel)",
+            "build with --target cpu, or convert with --kv-cache-dtype auto",
+        )
+
+
+def check_max_kl(report: dict[str, Any] | None, max_kl: float | None) -> None:
+    """--max-kl: the checkpoint's accuracy report must exist and its mean KL be <= max_kl."""
+    if max_kl is None:
+        return
+    if not report or "mean_kl" not in report:
+        raise ConfigError(
+            "--max-kl needs an accuracy report, and this checkpoint has none (not quantized)",
+            "drop --max-kl, or convert with --quant fp8|int4_awq",
+        )
+    if report["mean_kl"] > max_kl:
+        raise ConfigError(
+            f"the checkpoint's mean KL divergence {report['mean_kl']:.4g} exceeds --max-kl "
+            f"{max_kl:g} (top-1 agreement {report.get('top1_agreement', float('nan')):.3f})",
+            "re-convert with another --quant mode or more calibration data, or raise --max-kl",
+        )
 
 
 def check_fits(model: ModelConfig, build: BuildConfig) -> None:
@@ -191,33 +232,45 @@ def build_engine(
     force: bool = False,
     progress: Progress | None = None,
     tactics: str = "auto",
+    max_kl: float | None = None,
 ) -> Path:
-    """Build an engine; returns its dir. Raises IngotError subclasses on bad input."""
+    """Build an engine; returns its dir. Raises IngotError subclasses on bad input.
+
+    max_kl: refuse (ConfigError) when the checkpoint's accuracy report has a mean KL above it.
+    """
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
     with atomic_output_dir(Path(output_dir), force, "engine") as tmp:
         meta, tensors = load_checkpoint(Path(checkpoint_dir))
         model: ModelConfig = meta["model"]
+        report = meta.get("quant_report")
+        check_max_kl(report, max_kl)
         overrides = dict(overrides or {})
         overrides["target"] = resolve_target(target)
         build = resolve_build_config(preset, overrides, model)
         check_fits(model, build)
+        check_quant_target(build.target, meta["quant"])
         names = list(tensors)
         weights: dict[str, torch.Tensor] = {}
         for i, name in enumerate(names):
-            weights[name] = tensors[name].contiguous()
+            # Quantized weights move into the layout their kernels read (quantize/layout.py).
+            weights[name] = repack_for_engine(meta["quant"], name, tensors[name])
             if progress:
                 progress("packing weights", i + 1, len(names))
         weights.update(rope_tables(model, build.max_seq_len))
         rank = "rank0.engine"
         rank_files: dict[str, str] = {}
         extra = {"torch_version": torch.__version__, "source": meta.get("source", {})}
+        if report:
+            extra["quant_report"] = report
         # NOTE: the rank file is written (disk and hashing, both outside the GIL) while the
         # main thread times tactics and compiles kernels; the two overlap fully.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-write") as pool:
             writing = pool.submit(write_engine_file, tmp / rank, weights)
             try:
                 with kernel_cache(build.target) as cache_dir:
-                    plugins = select_plugins(build.target, model, build, progress, tactics)
+                    plugins = select_plugins(
+                        build.target, model, build, progress, tactics, meta["quant"]
+                    )
                     if target_kind(build.target) == "cuda":
                         extra.update(
                             write_kernels(

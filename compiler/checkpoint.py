@@ -16,6 +16,8 @@ from ingot.runtime.config import ModelConfig, QuantConfig
 from ingot.runtime.errors import CheckpointError
 from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
 
+from .quantize.layout import checkpoint_layout
+
 CHECKPOINT_FORMAT = "ingot-checkpoint"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -74,8 +76,12 @@ def write_checkpoint(
     *,
     source: dict[str, Any],
     quant: QuantConfig | None = None,
+    quant_report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write rank0.safetensors and config.json into `out_dir` (an atomic temp dir); return config."""
+    """Write rank0.safetensors and config.json into `out_dir` (an atomic temp dir); return config.
+
+    quant_report: the accuracy report of a quantized checkpoint (compiler/quantize/report.py).
+    """
     quant = quant or QuantConfig()
     name = rank_file(0)
     save_file(
@@ -93,6 +99,8 @@ def write_checkpoint(
         "source": source,
         "rank_files": {name: sha256_file(out_dir / name)},
     }
+    if quant_report is not None:
+        config["quant_report"] = quant_report
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return config
 
@@ -157,13 +165,11 @@ def _read_config(ckpt_dir: Path) -> dict[str, Any]:
 
 def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantConfig) -> None:
     expected = expected_tensor_shapes(model)
+    # Quantized linears keep X.weight (another dtype/shape) and add scales beside it.
+    quantized = checkpoint_layout(model, quant)
     names = set(tensors)
-    missing = [n for n in expected if n not in names]
-    quantized = quant.mode != "none"
-    # Quantized linears keep X.weight and add scales beside it (docs/formats.md).
-    unexpected = sorted(
-        n for n in names - expected.keys() if not (quantized and _is_quant_extra(n))
-    )
+    missing = [n for n in [*expected, *quantized] if n not in names]
+    unexpected = sorted(names - expected.keys() - quantized.keys())
     if missing or unexpected:
         parts = []
         if missing:
@@ -174,9 +180,17 @@ def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantC
             )
         raise CheckpointError(f"{tensors.path}: {'; '.join(parts)}", hint=_RECONVERT)
     want_dtype = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[model.dtype]
+    for name, (shape, dtype) in quantized.items():
+        found = tensors.shape(name)
+        if found != shape or tensors.dtype_name(name) != dtype:
+            raise CheckpointError(
+                f"{tensors.path}: quantized tensor {name} is {tensors.dtype_name(name)} "
+                f"{list(found)}, expected {dtype} {list(shape)} for quant mode {quant.mode}",
+                hint=_RECONVERT,
+            )
     for name, shape in expected.items():
-        if quantized and name.rsplit(".", 1)[0].split(".", 2)[-1] in QUANTIZABLE_LINEARS:
-            continue  # payload shape/dtype depend on the quantization mode
+        if name in quantized:
+            continue  # checked above
         found = tensors.shape(name)
         if found != shape:
             raise CheckpointError(
@@ -189,18 +203,6 @@ def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantC
                 f"expected {want_dtype}",
                 hint=_RECONVERT,
             )
-
-
-def _is_quant_extra(name: str) -> bool:
-    suffixes = (
-        "weight_scale",
-        "input_scale",
-        "weight_zero",
-        "pre_quant_scale",
-        "k_scale",
-        "v_scale",
-    )
-    return name.rsplit(".", 1)[-1] in suffixes
 
 
 def load_checkpoint(

@@ -25,6 +25,7 @@ from .checkpoint import (
 )
 from .families import GLOBAL_TENSORS, HF_LAYER_PREFIX, IGNORED_HF_TENSORS, get_family
 from .hf_config import model_config_from_hf
+from .quantize import QuantOptions, check_request, quantize_checkpoint
 
 Progress = Callable[[str, int, int], None]
 TOKENIZER_FILES = (
@@ -202,15 +203,20 @@ def convert_checkpoint(
     dtype: str = "auto",
     force: bool = False,
     progress: Progress | None = None,
+    quant: QuantOptions | None = None,
 ) -> Path:
     """Convert a local HF model dir into an ingot checkpoint at `output_dir`; return its path.
 
-    Raises CheckpointError (bad/unsupported input), ConfigError (bad dtype or paths) and
-    OutputExistsError (output holds an artifact and not `force`). Never leaves partial output.
+    quant: quantize (FP8 / INT4 AWQ / FP8 KV cache) with ModelOpt calibration, and store the
+    accuracy report (compiler/quantize). Raises CheckpointError (bad/unsupported input),
+    ConfigError (bad dtype, paths or quantization request) and OutputExistsError (output holds
+    an artifact and not `force`). Never leaves partial output.
     """
     model_dir, output_dir = Path(model_dir), Path(output_dir)
+    quant = quant or QuantOptions()
     hf_config = read_hf_config(model_dir)
     cfg = model_config_from_hf(hf_config, dtype)
+    check_request(cfg, quant)
     src, out = model_dir.resolve(), output_dir.resolve()
     if out == src or out in src.parents:
         raise ConfigError(
@@ -235,9 +241,21 @@ def convert_checkpoint(
                         tensors[canonical] = _convert_tensor(
                             canonical, sources, hf, cfg, shapes[canonical], torch_dtype
                         )
+            quant_report = None
+            if quant.active:
+                tensors, quant_report = quantize_checkpoint(
+                    model_dir, cfg, tensors, plan, quant, progress
+                )
             report("writing checkpoint", total - 1, total)
             source = {"architecture": cfg.architecture, "model_type": hf_config.get("model_type")}
-            write_checkpoint(tmp, cfg, tensors, source=source)
+            write_checkpoint(
+                tmp,
+                cfg,
+                tensors,
+                source=source,
+                quant=quant.quant_config(),
+                quant_report=quant_report,
+            )
             _copy_tokenizer(model_dir, tmp / TOKENIZER_DIR)
             report("done", total, total)
     return output_dir

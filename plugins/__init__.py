@@ -10,33 +10,86 @@ _ACT = ("float32", "bfloat16", "float16")
 
 def _op(name: str, fields: tuple[tuple[str, str], ...], cpu: str, cuda: str, tactics: str) -> None:
     """One op, version 1: `cpu` and `cuda` name factories, `tactics` the cuda candidates."""
-    register(PluginSpec(name, 1, fields, _ACT, {"cpu": f"{_P}.{cpu}", "cuda": f"{_P}.{cuda}"},
-                        {"cuda": f"{_P}.{tactics}"}))
+    register(
+        PluginSpec(
+            name,
+            1,
+            fields,
+            _ACT,
+            {"cpu": f"{_P}.{cpu}", "cuda": f"{_P}.{cuda}"},
+            {"cuda": f"{_P}.{tactics}"},
+        )
+    )
 
 
 # NOTE: bump a plugin's version whenever its semantics or its tensor layout changes; engines
 # record (name, version) and refuse to load a version this ingot does not have.
-_op("embedding", (), "gemm.reference:make_embedding", "gemm.cuda:make_embedding",
-    "gemm.cuda:EMBEDDING_TACTICS")
-_op("rms_norm", (("eps", "float32"),), "norm.reference:make_rms_norm",
-    "norm.triton_kernels:make_rms_norm", "norm.triton_kernels:RMS_NORM_TACTICS")
-_op("add_rms_norm", (("eps", "float32"),), "norm.reference:make_add_rms_norm",
-    "norm.triton_kernels:make_add_rms_norm", "norm.triton_kernels:RMS_NORM_TACTICS")
-_op("rope", (("kind", "str"), ("theta", "float32")), "rope.reference:make_rope",
-    "rope.triton_kernels:make_rope", "rope.triton_kernels:ROPE_TACTICS")
-_op("kv_cache_write", (("tokens_per_block", "int32"),), "attention.reference:make_write_kv",
-    "attention.triton_kv_write:make_write_kv", "attention.triton_kv_write:KV_WRITE_TACTICS")
-_op("paged_attention",
-    (("num_heads", "int32"), ("num_kv_heads", "int32"), ("head_dim", "int32"),
-     ("tokens_per_block", "int32"), ("sliding_window", "int32")),
-    "attention.reference:make_paged_attention", "attention.triton_decode:make_paged_attention",
-    "attention.triton_decode:PAGED_ATTENTION_TACTICS")
+_op(
+    "embedding",
+    (),
+    "gemm.reference:make_embedding",
+    "gemm.cuda:make_embedding",
+    "gemm.cuda:EMBEDDING_TACTICS",
+)
+_op(
+    "rms_norm",
+    (("eps", "float32"),),
+    "norm.reference:make_rms_norm",
+    "norm.triton_kernels:make_rms_norm",
+    "norm.triton_kernels:RMS_NORM_TACTICS",
+)
+_op(
+    "add_rms_norm",
+    (("eps", "float32"),),
+    "norm.reference:make_add_rms_norm",
+    "norm.triton_kernels:make_add_rms_norm",
+    "norm.triton_kernels:RMS_NORM_TACTICS",
+)
+_op(
+    "rope",
+    (("kind", "str"), ("theta", "float32")),
+    "rope.reference:make_rope",
+    "rope.triton_kernels:make_rope",
+    "rope.triton_kernels:ROPE_TACTICS",
+)
+_op(
+    "kv_cache_write",
+    (("tokens_per_block", "int32"),),
+    "attention.reference:make_write_kv",
+    "attention.triton_kv_write:make_write_kv",
+    "attention.triton_kv_write:KV_WRITE_TACTICS",
+)
+_op(
+    "paged_attention",
+    (
+        ("num_heads", "int32"),
+        ("num_kv_heads", "int32"),
+        ("head_dim", "int32"),
+        ("tokens_per_block", "int32"),
+        ("sliding_window", "int32"),
+    ),
+    "attention.reference:make_paged_attention",
+    "attention.triton_decode:make_paged_attention",
+    "attention.triton_decode:PAGED_ATTENTION_TACTICS",
+)
 _op("gemm", (), "gemm.reference:make_linear", "gemm.cuda:make_linear", "gemm.cuda:GEMM_TACTICS")
-_op("swiglu", (), "activation.reference:make_swiglu", "activation.triton_kernels:make_swiglu",
-    "activation.triton_kernels:SWIGLU_TACTICS")
+_op(
+    "swiglu",
+    (),
+    "activation.reference:make_swiglu",
+    "activation.triton_kernels:make_swiglu",
+    "activation.triton_kernels:SWIGLU_TACTICS",
+)
 # Quantized GEMMs: CPU references only for now; the GPU kernels add their "cuda" impls later.
 register(PluginSpec("fp8_gemm", 1, (), _ACT, {"cpu": f"{_P}.quant.reference:make_fp8_linear"}))
-register(PluginSpec("w4a16_gemm", 1, (("group_size", "int32"),), _ACT,
-                    {"cpu": f"{_P}.quant.reference:make_w4a16_linear"}))
+register(
+    PluginSpec(
+        "w4a16_gemm",
+        1,
+        (("group_size", "int32"),),
+        _ACT,
+        {"cpu": f"{_P}.quant.reference:make_w4a16_linear"},
+    )
+)
 
 __all__ = ["PluginSpec", "Tactic", "all_specs", "get_spec", "load", "register", "target_kind"]

@@ -1,0 +1,218 @@
+"""Quantization: the CPU references (FP8 GEMM, W4A16 GEMM, FP8 KV cache), the export from
+ModelOpt's calibrated model, and the accuracy report of quantized checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ingot.compiler.checkpoint import load_checkpoint
+from ingot.compiler.convert import convert_checkpoint
+from ingot.compiler.quantize import QuantOptions
+from ingot.compiler.quantize.int4_awq import int4_linear_tensors
+from ingot.compiler.quantize.layout import repack_for_engine
+from ingot.plugins.attention.reference import paged_attention, write_kv
+from ingot.plugins.quant.reference import (
+    dequantize_w4,
+    fp8_linear,
+    pack_int4,
+    quantize_fp8,
+    unpack_int4,
+    w4a16_linear,
+)
+from ingot.runtime.config import QuantConfig
+
+pytest.importorskip("modelopt.torch.quantization")
+
+# K must be a multiple of the AWQ group size (128): hidden 128, intermediate 256.
+SIZES = {"hidden_size": 128, "intermediate_size": 256}
+G = 128
+
+
+def _scale(t: torch.Tensor) -> torch.Tensor:
+    return (t.float().abs().max() / 448).reshape(())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_gemm_matches_scaled_mm_and_dequantized_matmul(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 256, generator=g).to(dtype)
+    w = torch.randn(96, 256, generator=g)
+    b = torch.randn(96, generator=g).to(dtype)
+    ws, xs = _scale(w), _scale(x)
+    wq = quantize_fp8(w, ws)
+    y = fp8_linear(x, wq, ws, xs, b)
+    assert y.dtype == dtype and y.shape == (7, 96)
+    # The plain matmul of the dequantized operands (what the reference promises to compute).
+    deq = (quantize_fp8(x, xs).float() * xs) @ (wq.float() * ws).t() + b.float()
+    torch.testing.assert_close(y, deq.to(dtype), rtol=1e-5, atol=1e-5)
+    # torch._scaled_mm, which the GPU kernel will call, gives the same numbers on the CPU.
+    if dtype != torch.float32:
+        ref = torch._scaled_mm(
+            quantize_fp8(x, xs), wq.t(), scale_a=xs, scale_b=ws, bias=b, out_dtype=dtype
+        )
+        torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
+    # And close to the unquantized product (FP8 e4m3: ~2^-4 relative per operand).
+    exact = x.float() @ w.t() + b.float()
+    assert (y.float() - exact).norm() / exact.norm() < 0.06
+
+
+def test_fp8_saturates_instead_of_overflowing():
+    x = torch.tensor([[1000.0, -1000.0, 1.0]])
+    q = quantize_fp8(x, torch.tensor(1.0))
+    assert q.float().tolist() == [[448.0, -448.0, 1.0]]
+
+
+def test_int4_pack_roundtrip_and_layout():
+    codes = torch.randint(0, 16, (6, 32), generator=torch.Generator().manual_seed(1))
+    words = pack_int4(codes)
+    assert words.dtype == torch.int32 and words.shape == (6, 4)
+    assert torch.equal(unpack_int4(words), codes.to(torch.int32))
+    # Low nibble first: word 0 of row 0 holds codes[0, 0] in bits 0..3.
+    assert int(words[0, 0]) & 0xF == int(codes[0, 0])
+
+
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_w4a16_equals_matmul_on_dequantized_weight(asymmetric):
+    g = torch.Generator().manual_seed(2)
+    n, k = 64, 256
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    scales = torch.rand(n, k // G, generator=g) * 0.1 + 0.01  # [N, K/G]
+    zeros = torch.randint(0, 16, (n, k // G), generator=g) if asymmetric else None
+    pqs = torch.rand(k, generator=g) + 0.5
+    x = torch.randn(5, k, generator=g)
+    qw = pack_int4(codes).t().contiguous()  # engine layout [K/8, N]
+    z = None if zeros is None else zeros.t().contiguous()
+    y = w4a16_linear(x, qw, scales.t().contiguous(), pqs, G, z)
+    zf = 8 if zeros is None else zeros.repeat_interleave(G, dim=1)
+    w = (codes - zf).float() * scales.repeat_interleave(G, dim=1)  # [N, K]
+    torch.testing.assert_close(y, (x * pqs) @ w.t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dequantize_w4(qw, scales.t().contiguous(), G, z), w)
+
+
+def test_int4_quantization_error_is_within_half_a_step_and_fusion_keeps_outputs():
+    g = torch.Generator().manual_seed(3)
+    k = 256
+    parts = [torch.randn(32, k, generator=g), torch.randn(16, k, generator=g)]
+    pqs = [torch.rand(k, generator=g) + 0.5, torch.rand(k, generator=g) + 0.5]
+    amax = [p.abs().reshape(p.shape[0], -1, G).amax(-1) for p in parts]
+    t = int4_linear_tensors(parts, pqs, amax, G, torch.float32)
+    assert t["weight"].shape == (48, k // 8) and t["weight_scale"].shape == (48, k // G)
+    q = QuantConfig("int4_awq")
+    w = dequantize_w4(
+        repack_for_engine(q, "layers.0.attn.qkv.weight", t["weight"]),
+        repack_for_engine(q, "layers.0.attn.qkv.weight_scale", t["weight_scale"]),
+        G,
+    )
+    # One shared activation scale: the fused weight re-expresses every part exactly.
+    s_f = t["pre_quant_scale"]
+    want = torch.cat([p * (s / s_f) for p, s in zip(parts, pqs, strict=True)])
+    step = t["weight_scale"].repeat_interleave(G, dim=1)
+    assert ((w - want).abs() <= step / 2 + 1e-6).all()
+    x = torch.randn(4, k, generator=g)
+    fused = (x * s_f) @ w.t()
+    per_part = torch.cat([(x * s) @ p.t() for p, s in zip(parts, pqs, strict=True)], dim=1)
+    assert (fused - per_part).norm() / per_part.norm() < 0.15
+
+
+def test_fp8_kv_cache_roundtrip_and_plain_cache_unchanged():
+    g = torch.Generator().manual_seed(4)
+    hkv, hq, hd, bs, n = 2, 4, 16, 4, 10
+    k, v = torch.randn(n, hkv, hd, generator=g), torch.randn(n, hkv, hd, generator=g)
+    q = torch.randn(n, hq, hd, generator=g)
+    meta = (torch.tensor([[0, 1, 2]], dtype=torch.int32), torch.tensor([n]), torch.tensor([0, n]))
+    plain_k, plain_v = torch.zeros(3, bs, hkv, hd), torch.zeros(3, bs, hkv, hd)
+    write_kv(k, v, plain_k, plain_v, torch.arange(n))
+    ref = paged_attention(q, plain_k, plain_v, *meta, hd**-0.5)
+    ks, vs = _scale(k), _scale(v)
+    fk = torch.zeros(3, bs, hkv, hd, dtype=torch.float8_e4m3fn)
+    fv = torch.zeros_like(fk)
+    write_kv(k, v, fk, fv, torch.arange(n), k_scale=ks, v_scale=vs)
+    assert torch.equal(fk.view(-1, hkv, hd)[:n], quantize_fp8(k, ks))
+    out = paged_attention(q, fk, fv, *meta, hd**-0.5, k_scale=ks, v_scale=vs)
+    assert (out - ref).norm() / ref.norm() < 0.06
+    again = paged_attention(q, plain_k, plain_v, *meta, hd**-0.5)
+    assert torch.equal(again, ref)  # no scales: the plain path, bit for bit
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """Tiny llama converted three ways: fp32, fp8 (+ FP8 KV cache), int4_awq."""
+    from ingot.compiler.examples import make_tiny_hf_model
+
+    root = tmp_path_factory.mktemp("quant")
+    hf = make_tiny_hf_model("llama", root / "hf", seed=1, **SIZES)
+    opts = dict(calib_size=8, calib_max_seq_len=128, device="cpu")
+    return {
+        "hf": hf,
+        "none": convert_checkpoint(hf, root / "none"),
+        "fp8": convert_checkpoint(
+            hf, root / "fp8", quant=QuantOptions("fp8", kv_cache_dtype="fp8", **opts)
+        ),
+        "int4_awq": convert_checkpoint(hf, root / "int4", quant=QuantOptions("int4_awq", **opts)),
+    }
+
+
+def test_quantized_checkpoints_store_the_documented_layout(quantized):
+    meta, t = load_checkpoint(quantized["fp8"])
+    assert meta["quant"] == QuantConfig("fp8", "fp8")
+    assert t["layers.0.attn.qkv.weight"].dtype == torch.float8_e4m3fn
+    assert t["layers.1.mlp.down.input_scale"].shape == () and "layers.1.attn.k_scale" in t
+    meta, t = load_checkpoint(quantized["int4_awq"])
+    assert meta["quant"].mode == "int4_awq" and meta["quant"].group_size == G
+    assert t["layers.0.mlp.down.weight"].shape == (128, 256 // 8)
+    assert t["layers.0.mlp.down.weight_scale"].shape == (128, 256 // G)
+    assert t["layers.0.mlp.gate_up.pre_quant_scale"].shape == (128,)
+    assert "layers.0.mlp.down.weight_zero" not in t  # symmetric
+
+
+def test_reports_are_within_bounds(quantized):
+    reps = {
+        m: json.loads((quantized[m] / "config.json").read_text()) for m in quantized if m != "hf"
+    }
+    assert "quant_report" not in reps["none"]
+    fp8, int4 = reps["fp8"]["quant_report"], reps["int4_awq"]["quant_report"]
+    for rep in (fp8, int4):
+        assert rep["held_out"]["positions"] >= 256 and rep["calibration"]["samples"] >= 4
+        # fp32 checkpoint, unquantized: ingot's CPU path is transformers' model exactly.
+        assert rep["unquantized_baseline"]["top1_agreement"] == 1.0
+        assert rep["unquantized_baseline"]["mean_kl"] < 1e-6
+        assert 0 < rep["mean_kl"] <= rep["max_kl"]
+    # NOTE: a random tiny model has near-tied logits (median top-1 margin ~0.2 nats), so
+    # top-1 flips easily; KL is the meaningful figure. FP8 loses far less than INT4.
+    assert fp8["mean_kl"] < 0.05 and fp8["top1_agreement"] >= 0.6
+    assert int4["mean_kl"] < 0.4 and int4["top1_agreement"] >= 0.25
+    assert fp8["mean_kl"] < int4["mean_kl"]
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
+def test_export_matches_modelopt_fake_quant_on_unfused_linears(quantized, mode):
+    """ingot's tensors through the CPU references reproduce ModelOpt's fake-quant QuantLinear
+    (scale conventions, AWQ's pre_quant_scale, packing, the engine repack)."""
+    from ingot.compiler.convert import build_plan, read_hf_config
+    from ingot.compiler.hf_config import model_config_from_hf
+    from ingot.compiler.quantize import calibrate, export
+
+    hf = quantized["hf"]
+    cfg = model_config_from_hf(read_hf_config(hf), "auto")
+    opts = QuantOptions(mode, calib_size=2, calib_max_seq_len=64, device="cpu")
+    model, tok = calibrate.load_hf_model(hf, "cpu", cfg)
+    samples = calibrate.token_windows(tok, calibrate.calibration_text(None), 2, 64)
+    calibrate.calibrate(model, opts, samples, lambda *a: None)
+    out = export.export_tensors(
+        model, cfg, opts.quant_config(), {}, build_plan(cfg), lambda *a: None
+    )
+    x = torch.randn(5, 256)
+    p = "layers.1.mlp.down."
+    with torch.no_grad():
+        ref = model.get_submodule("model.layers.1.mlp.down_proj")(x)
+    if mode == "fp8":
+        y = fp8_linear(x, out[p + "weight"], out[p + "weight_scale"], out[p + "input_scale"])
+    else:
+        q = opts.quant_config()
+        qw = repack_for_engine(q, p + "weight", out[p + "weight"])
+        sc = repack_for_engine(q, p + "weight_scale", out[p + "weight_scale"])
+        y = w4a16_linear(x, qw, sc, out[p + "pre_quant_scale"], G)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
