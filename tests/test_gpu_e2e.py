@@ -88,9 +88,9 @@ def test_gpu_engine_without_graphs_and_with_preemption_agrees(tmp_path):
     assert _serve(gpu, prompts, num_kv_blocks=10, policy="max_utilization") == graphs
 
 
-def test_timed_build_records_tactics_and_runs_bf16(tmp_path):
+def test_timed_build_records_tactics_and_matches_cpu(tmp_path):
     hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=2)
-    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD)
     cfg = json.loads((gpu / "config.json").read_text())
     timed = [p for p in cfg["plugins"] if p["timings_ms"]]
@@ -99,11 +99,10 @@ def test_timed_build_records_tactics_and_runs_bf16(tmp_path):
     for p in timed:
         fastest = min(p["timings_ms"], key=p["timings_ms"].get)
         assert p["tactic"] == fastest or "+" in p["tactic"]  # attention combines two winners
+    # whatever tactics won, a float32 engine still gives the CPU reference's tokens
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     prompts = _prompts(load_engine(cpu).config.model.vocab_size)
-    a, b = _serve(gpu, prompts), _serve(cpu, prompts)
-    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-    assert same / (NEW * len(prompts)) >= 0.9  # bf16 kernels round differently from the CPU
+    assert _serve(gpu, prompts) == _serve(cpu, prompts)
 
 
 _COUNT_COMPILES = """
