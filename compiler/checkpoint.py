@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -13,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ingot.runtime.config import ModelConfig, QuantConfig
+from ingot.runtime.engine import sha256_file
 from ingot.runtime.errors import CheckpointError
 from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
 
@@ -59,14 +59,6 @@ def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, d)
     return shapes
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_checkpoint(

@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_checks import assert_one_line_error, invoke
 
-from ingot.cli.main import app
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
@@ -25,7 +24,7 @@ def ckpt(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def engine(ckpt, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("engines") / "engine"
-    r = _invoke(
+    r = invoke(
         "build-engine",
         "--checkpoint-dir",
         ckpt,
@@ -40,19 +39,6 @@ def engine(ckpt, tmp_path_factory) -> Path:
     )
     assert r.exit_code == 0, r.output
     return out
-
-
-def _invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def _assert_one_line_error(r, *needles: str) -> None:
-    assert r.exit_code == 2, r.output
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1, r.stderr
-    assert err[0].startswith("error: ") and "Traceback" not in r.output
-    for n in needles:
-        assert n in err[0], err[0]
 
 
 def _copy(engine: Path, tmp_path: Path) -> Path:
@@ -80,7 +66,7 @@ def test_build_records_everything_and_inspect_verifies(engine):
     assert {p["name"] for p in d["plugins"]} >= {"paged_attention", "rms_norm", "rope", "gemm"}
     assert set(d["rank_files"]) == {"rank0.engine"} and len(d["rank_files"]["rank0.engine"]) == 64
     assert (engine / "tokenizer" / "tokenizer_config.json").is_file()
-    r = _invoke("inspect-engine", engine)
+    r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
     assert (
         "verified" in r.stdout and "LlamaForCausalLM" in r.stdout and "paged_attention" in r.stdout
@@ -88,7 +74,7 @@ def test_build_records_everything_and_inspect_verifies(engine):
 
 
 def test_run_engine_prints_outputs_and_streams(engine):
-    r = _invoke(
+    r = invoke(
         "run-engine",
         "--engine-dir",
         engine,
@@ -101,7 +87,7 @@ def test_run_engine_prints_outputs_and_streams(engine):
     )
     assert r.exit_code == 0, r.output
     assert "[0] Output:" in r.stdout and "[1] Output:" in r.stdout
-    r = _invoke(
+    r = invoke(
         "run-engine",
         "--engine-dir",
         engine,
@@ -127,9 +113,9 @@ def test_altered_rank_file_is_refused(engine, tmp_path):
         b = f.read(1)
         f.seek(-10, 2)
         f.write(bytes([b[0] ^ 0xFF]))
-    _assert_one_line_error(_invoke("inspect-engine", e), "checksum")
-    _assert_one_line_error(
-        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+    assert_one_line_error(invoke("inspect-engine", e), "checksum")
+    assert_one_line_error(
+        invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
         "checksum",
     )
 
@@ -137,8 +123,8 @@ def test_altered_rank_file_is_refused(engine, tmp_path):
 def test_future_format_version_is_refused(engine, tmp_path):
     e = _copy(engine, tmp_path)
     _edit_config(e, format_version=99)
-    _assert_one_line_error(
-        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+    assert_one_line_error(
+        invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
         "version 99",
         "upgrade",
     )
@@ -147,7 +133,7 @@ def test_future_format_version_is_refused(engine, tmp_path):
 def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
     e = tmp_path / "gpu-engine"
-    r = _invoke(
+    r = invoke(
         "build-engine",
         "--checkpoint-dir",
         ckpt,
@@ -166,8 +152,8 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
     assert ("gemm", "attn.qkv") in by_site and ("gemm", "lm_head") in by_site
     assert all(p["timings_ms"] is None for p in d["plugins"])  # nothing was timed: no GPU here
     # built for a GPU, so refused on the CPU with a hint
-    _assert_one_line_error(
-        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+    assert_one_line_error(
+        invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
         "sm_90",
         "--target cpu",
     )
@@ -176,15 +162,15 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
 def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):
     e = _copy(engine, tmp_path)
     _edit_config(e, target="sm_90")
-    _assert_one_line_error(
-        _invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
+    assert_one_line_error(
+        invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
         "sm_90",
     )
 
 
 def test_prompt_too_long_fails_that_request_only(engine):
     long_text = " ".join(["compiler"] * 200)
-    r = _invoke(
+    r = invoke(
         "run-engine",
         "--engine-dir",
         engine,
@@ -203,10 +189,10 @@ def test_prompt_too_long_fails_that_request_only(engine):
 
 def test_existing_output_is_kept_unless_force(ckpt, engine):
     before = (engine / "config.json").read_text()
-    r = _invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", engine, "--target", "cpu")
-    _assert_one_line_error(r, "already holds", "--force")
+    r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", engine, "--target", "cpu")
+    assert_one_line_error(r, "already holds", "--force")
     assert (engine / "config.json").read_text() == before
-    r = _invoke(
+    r = invoke(
         "build-engine",
         "--checkpoint-dir",
         ckpt,
@@ -237,12 +223,12 @@ def test_interrupted_build_leaves_nothing(ckpt, tmp_path):
 
 def test_bad_flags(ckpt, engine, tmp_path):
     out = tmp_path / "e"
-    _assert_one_line_error(
-        _invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "tpu"),
+    assert_one_line_error(
+        invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "tpu"),
         "tpu",
     )
-    _assert_one_line_error(
-        _invoke(
+    assert_one_line_error(
+        invoke(
             "build-engine",
             "--checkpoint-dir",
             ckpt,
@@ -253,8 +239,8 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "power of two",
     )
-    _assert_one_line_error(
-        _invoke(
+    assert_one_line_error(
+        invoke(
             "build-engine",
             "--checkpoint-dir",
             ckpt,
@@ -265,12 +251,12 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "no-such-preset",
     )
-    _assert_one_line_error(
-        _invoke("build-engine", "--checkpoint-dir", tmp_path / "nope", "--output-dir", out),
+    assert_one_line_error(
+        invoke("build-engine", "--checkpoint-dir", tmp_path / "nope", "--output-dir", out),
         "checkpoint",
     )
-    _assert_one_line_error(
-        _invoke(
+    assert_one_line_error(
+        invoke(
             "run-engine",
             "--engine-dir",
             engine,
@@ -283,8 +269,8 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "top_p",
     )
-    _assert_one_line_error(
-        _invoke(
+    assert_one_line_error(
+        invoke(
             "run-engine",
             "--engine-dir",
             tmp_path / "none",
@@ -317,7 +303,7 @@ def test_stop_words_and_input_file(engine, tmp_path):
     assert "".join(streamed) == full.text
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("first prompt\n\nsecond prompt\n")
-    r = _invoke(
+    r = invoke(
         "run-engine", "--engine-dir", engine, "--input-file", prompts, "--max-output-len", "3"
     )
     assert r.exit_code == 0, r.output

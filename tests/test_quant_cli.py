@@ -6,27 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from ingot.cli.main import app
+from cli_checks import assert_one_line_error, invoke
 
 pytest.importorskip("modelopt.torch.quantization")
 
 SIZES = {"hidden_size": 128, "intermediate_size": 256}  # K a multiple of group size 128
 CALIB = ("--calib-size", "4", "--calib-max-seq-len", "64", "--device", "cpu")
-
-
-def _invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def _assert_one_line_error(r, *needles: str) -> None:
-    assert r.exit_code == 2, r.output
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1, r.stderr
-    assert err[0].startswith("error: ") and "Traceback" not in r.output
-    for n in needles:
-        assert n in err[0], err[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +27,7 @@ def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for mode, extra in (("fp8", ("--kv-cache-dtype", "fp8")), ("int4_awq", ())):
         out[mode] = root / mode
-        r = _invoke(
+        r = invoke(
             "convert-checkpoint", "--model-dir", hf, "--output-dir", out[mode],
             "--quant", mode, *extra, *CALIB,
         )  # fmt: skip
@@ -54,7 +39,7 @@ def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
 def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, mode, tmp_path):
     engine = tmp_path / "engine"
-    r = _invoke(
+    r = invoke(
         "build-engine", "--checkpoint-dir", ckpts[mode], "--output-dir", engine,
         "--target", "cpu", "--max-seq-len", "64", "--max-batch-size", "4", "--max-kl", "1.0",
     )  # fmt: skip
@@ -64,10 +49,10 @@ def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, mode, tmp_path):
     names = {p["name"] for p in d["plugins"]}
     gemm = {"fp8": "fp8_gemm", "int4_awq": "w4a16_gemm"}
     assert gemm[mode] in names and not (set(gemm.values()) - {gemm[mode]}) & names
-    r = _invoke("inspect-engine", engine)
+    r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
     assert f"quantization  {mode}" in r.stdout and "top-1 agreement" in r.stdout
-    r = _invoke(
+    r = invoke(
         "run-engine", "--engine-dir", engine, "--input-text", "The ferry left",
         "--input-text", "Bread asks for", "--max-output-len", "6",
     )  # fmt: skip
@@ -79,7 +64,7 @@ def test_int4_engine_holds_the_repacked_layout(ckpts, tmp_path):
     from ingot.runtime.engine import load_engine
 
     engine = tmp_path / "engine"
-    r = _invoke("build-engine", "--checkpoint-dir", ckpts["int4_awq"], "--output-dir", engine,
+    r = invoke("build-engine", "--checkpoint-dir", ckpts["int4_awq"], "--output-dir", engine,
                 "--target", "cpu", "--max-seq-len", "64")  # fmt: skip
     assert r.exit_code == 0, r.output
     w = load_engine(engine).weights()
@@ -89,41 +74,41 @@ def test_int4_engine_holds_the_repacked_layout(ckpts, tmp_path):
 
 def test_max_kl_refuses_and_leaves_nothing(ckpts, tmp_path):
     out = tmp_path / "engine"
-    r = _invoke("build-engine", "--checkpoint-dir", ckpts["int4_awq"], "--output-dir", out,
+    r = invoke("build-engine", "--checkpoint-dir", ckpts["int4_awq"], "--output-dir", out,
                 "--target", "cpu", "--max-kl", "1e-9")  # fmt: skip
-    _assert_one_line_error(r, "mean KL", "exceeds --max-kl")
+    assert_one_line_error(r, "mean KL", "exceeds --max-kl")
     assert not out.exists()
 
 
 def test_max_kl_without_a_report(hf, tmp_path):
     ckpt = tmp_path / "ckpt"
-    assert _invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", ckpt).exit_code == 0
-    r = _invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "e",
+    assert invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", ckpt).exit_code == 0
+    r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "e",
                 "--target", "cpu", "--max-kl", "0.1")  # fmt: skip
-    _assert_one_line_error(r, "no", "accuracy report")
+    assert_one_line_error(r, "no", "accuracy report")
     assert not (tmp_path / "e").exists()
 
 
 def test_quantized_engine_for_a_gpu_target_is_refused(ckpts, tmp_path):
-    r = _invoke("build-engine", "--checkpoint-dir", ckpts["fp8"], "--output-dir",
+    r = invoke("build-engine", "--checkpoint-dir", ckpts["fp8"], "--output-dir",
                 tmp_path / "e", "--target", "sm_90")  # fmt: skip
-    _assert_one_line_error(r, "sm_90", "not supported yet", "--target cpu")
+    assert_one_line_error(r, "sm_90", "not supported yet", "--target cpu")
     assert not (tmp_path / "e").exists()
 
 
 def _convert(hf: Path, out: Path, *args):
-    return _invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out, *args)
+    return invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out, *args)
 
 
 def test_unknown_quant(hf, tmp_path):
-    _assert_one_line_error(_convert(hf, tmp_path / "o", "--quant", "int3"), "int3", "int4_awq")
+    assert_one_line_error(_convert(hf, tmp_path / "o", "--quant", "int3"), "int3", "int4_awq")
     assert not (tmp_path / "o").exists()
 
 
 def test_group_size_mismatch_names_the_layer(tiny_hf_dir, tmp_path):
     # The default tiny model has hidden size 64, not a multiple of the group size 128.
     r = _convert(tiny_hf_dir("llama"), tmp_path / "o", "--quant", "int4_awq", *CALIB)
-    _assert_one_line_error(r, "layers.0.attn.qkv", "input size 64", "group size 128")
+    assert_one_line_error(r, "layers.0.attn.qkv", "input size 64", "group size 128")
     assert not (tmp_path / "o").exists()
 
 
@@ -133,7 +118,7 @@ def test_bad_calibration_file(hf, tmp_path, kind):
     if kind == "empty":
         path.write_text("  \n\n")
     r = _convert(hf, tmp_path / "o", "--quant", "fp8", "--calib-dataset", path)
-    _assert_one_line_error(r, str(path), "does not exist" if kind == "missing" else "is empty")
+    assert_one_line_error(r, str(path), "does not exist" if kind == "missing" else "is empty")
     assert not (tmp_path / "o").exists()
 
 
@@ -144,5 +129,5 @@ def test_fp8_on_a_gpu_without_fp8(hf, tmp_path, monkeypatch, capability):
     monkeypatch.setattr(quantize, "cuda_capability", lambda: capability)
     r = _convert(hf, tmp_path / "o", "--quant", "fp8", "--device", "cuda")
     needles = ("FP8", "8.9", "int4_awq", "none", "sm_86" if capability else "no CUDA GPU")
-    _assert_one_line_error(r, *needles)
+    assert_one_line_error(r, *needles)
     assert not (tmp_path / "o").exists()
