@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# One round on the GPU machine: install ingot, run the GPU tests and the engine benchmark,
-# and write logs and JSON under $OUT (the device tool's output folder).
-# Usage: bash scripts/device_check.sh [tests|bench|all]   (default: all)
+# One round on the GPU machine: install ingot, then run the chosen stages, writing logs and JSON
+# under $OUT (the device tool's output folder). Each stage fits one 10-minute device call.
+#
+# Usage: bash scripts/device_check.sh STAGE...
+#   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~2 min
+#   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json)               ~1 min
+#   bench    Llama-3.1-8B-shaped engine vs transformers eager (bench_engine.json)        ~5 min
+#   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHAT="${1:-all}"
 OUT="${OUT:-out/device}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -13,13 +17,26 @@ python3 -m pip install --no-build-isolation --no-deps -q -e . > "$OUT/install.lo
   || { tail -20 "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.csv"
 rc=0
-if [[ "$WHAT" == tests || "$WHAT" == all ]]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-  rc=${PIPESTATUS[0]}
-fi
-if [[ "$WHAT" == bench || "$WHAT" == all ]]; then
-  python3 scripts/bench_engine.py --out "$OUT/bench_engine.json" --work /tmp/ingot-bench \
-    > "$OUT/bench_engine.log" 2>&1 || { tail -30 "$OUT/bench_engine.log"; rc=1; }
-  tail -45 "$OUT/bench_engine.log"
-fi
+for stage in "${@:-tests}"; do
+  case "$stage" in
+    tests)
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests \
+        > "$OUT/gpu_tests.log" 2>&1 || rc=1
+      tail -15 "$OUT/gpu_tests.log" ;;
+    kernels)
+      timeout 120 python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" \
+        > "$OUT/bench_kernels.log" 2>&1 || rc=1
+      timeout 120 python3 scripts/bench_gemv.py --out "$OUT/bench_gemv.json" \
+        > "$OUT/bench_gemv.log" 2>&1 || rc=1
+      tail -5 "$OUT/bench_kernels.log" "$OUT/bench_gemv.log" ;;
+    bench)
+      timeout 540 python3 scripts/bench_engine.py --out "$OUT/bench_engine.json" \
+        --work /tmp/ingot-bench --decode-tokens 128 > "$OUT/bench_engine.log" 2>&1 || rc=1
+      tail -45 "$OUT/bench_engine.log" ;;
+    grid)
+      timeout 580 bash scripts/bench_grid.sh "$OUT/grid" > "$OUT/grid.log" 2>&1 || rc=1
+      tail -40 "$OUT/grid.log" ;;
+    *) echo "unknown stage $stage (tests|kernels|bench|grid)"; exit 2 ;;
+  esac
+done
 exit $rc
