@@ -81,6 +81,16 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("interrupted; no partial output was left behind", err=True)
             raise typer.Exit(130) from None
+        except Exception as e:
+            # NOTE: matched by name so the CLI need not import torch to start.
+            if type(e).__name__ not in ("OutOfMemoryError", "MemoryError"):
+                raise
+            where = "GPU" if type(e).__name__ == "OutOfMemoryError" else "host"
+            fail(
+                f"out of {where} memory ({str(e).splitlines()[0][:160] if str(e) else 'no detail'})"
+                " (lower --kv-cache-free-gpu-memory-fraction or --num-kv-blocks, or rebuild with "
+                "a smaller --max-batch-size / --max-num-tokens / --max-seq-len)"
+            )
 
     return wrapper
 

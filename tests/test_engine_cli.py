@@ -308,3 +308,17 @@ def test_stop_words_and_input_file(engine, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "[1] Output:" in r.stdout and "[2]" not in r.stdout
+
+
+def test_out_of_memory_is_one_line(engine, monkeypatch):
+    import ingot.runtime.llm as llm_mod
+
+    class OutOfMemoryError(RuntimeError):  # stands in for torch.OutOfMemoryError
+        pass
+
+    def boom(*a, **k):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(llm_mod, "Executor", boom)
+    r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2")
+    assert_one_line_error(r, "out of GPU memory", "--kv-cache-free-gpu-memory-fraction")
