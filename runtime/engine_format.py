@@ -16,7 +16,6 @@ Tensors are read back as zero-copy views of a copy-on-write memory map.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import struct
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .errors import EngineError
+from .integrity import ChunkedSha256
 from .version import ENGINE_FORMAT_VERSION
 
 MAGIC = b"INGOTENG"
@@ -52,7 +52,7 @@ class _HashingWriter:
     """File writer that hashes what it writes, so the checksum costs no second pass."""
 
     def __init__(self, f) -> None:
-        self.f, self.h, self.pos = f, hashlib.sha256(), 0
+        self.f, self.h, self.pos = f, ChunkedSha256(), 0
 
     def write(self, data) -> None:
         self.f.write(data)
@@ -65,9 +65,13 @@ class _HashingWriter:
 
 
 def write_engine_file(
-    path: Path, tensors: dict[str, torch.Tensor], blobs: dict[str, bytes] | None = None
+    path: Path,
+    tensors: dict[str, torch.Tensor],
+    blobs: dict[str, bytes] | None = None,
+    chunk_digests: list[str] | None = None,
 ) -> str:
-    """Write `tensors` (any device; copied to CPU) and raw `blobs` to `path`; return sha256."""
+    """Write `tensors` (any device; copied to CPU) and raw `blobs` to `path`; return the
+    file's sha256. `chunk_digests`, if given, receives the per-chunk sha256s (integrity.py)."""
     blobs = blobs or {}
     index: dict[str, dict] = {"tensors": {}, "blobs": {}}
     offset = 0
@@ -101,7 +105,10 @@ def write_engine_file(
             f.pad_to(data_start + index["blobs"][name]["offset"])
             f.write(b)
         f.pad_to(data_start + offset)
-    return f.h.hexdigest()
+    whole, chunks = f.h.finish()
+    if chunk_digests is not None:
+        chunk_digests[:] = chunks
+    return whole
 
 
 class EngineFile:
