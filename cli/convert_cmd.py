@@ -36,6 +36,11 @@ def convert_checkpoint_cmd(
     device: str = typer.Option(
         "auto", "--device", help="Where to calibrate: auto (cuda if present)|cpu|cuda."
     ),
+    tp_size: int = typer.Option(
+        1,
+        "--tp-size",
+        help="Tensor-parallel ranks: shard into rank{N}.safetensors (divides the head counts).",
+    ),
 ) -> None:
     """Convert a Hugging Face checkpoint into an ingot checkpoint (names mapped, QKV fused),
     optionally quantized with nvidia-modelopt (FP8, INT4 AWQ, FP8 KV cache)."""
@@ -73,7 +78,13 @@ def convert_checkpoint_cmd(
             bar.update(task, description=desc, completed=done, total=total)
 
         out = convert_checkpoint(
-            model_dir, output_dir, dtype=dtype, force=force, progress=report, quant=options
+            model_dir,
+            output_dir,
+            dtype=dtype,
+            force=force,
+            progress=report,
+            quant=options,
+            tp_size=tp_size,
         )
     typer.echo(f"wrote checkpoint to {out}")
     summary = quant_summary(out)

@@ -61,7 +61,8 @@ def run_engine_cmd(
         "guaranteed_no_evict", "--scheduler-policy", help="guaranteed_no_evict or max_utilization."
     ),
 ) -> None:
-    """Load an engine and generate text for all prompts with inflight batching."""
+    """Load an engine and generate text for all prompts with inflight batching (a
+    tensor-parallel engine runs one process per rank)."""
     from ingot.runtime.llm import LLM
     from ingot.runtime.types import SamplingParams
 
@@ -87,7 +88,10 @@ def run_engine_cmd(
     def on_text(i: int, delta: str) -> None:
         typer.echo(f"[{i}] +{delta!r}" if len(prompts) > 1 else delta, nl=len(prompts) > 1)
 
-    outs = llm.generate(prompts, params, on_text if streaming else None)
+    try:
+        outs = llm.generate(prompts, params, on_text if streaming else None)
+    finally:
+        llm.close()  # tp > 1: stops the other ranks
     if streaming and len(prompts) == 1:
         typer.echo("")
     failed = 0

@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ingot.runtime.config import ModelConfig, QuantConfig
+from ingot.runtime.distributed import check_tp, padded_vocab
 from ingot.runtime.engine import sha256_file
 from ingot.runtime.errors import CheckpointError
 from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
@@ -38,20 +39,23 @@ def fused_splits(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Canonical name -> shape of every tensor of an unquantized checkpoint for `cfg`."""
-    d, v, i_size, hd = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.head_dim
+def expected_tensor_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape of every tensor of an unquantized checkpoint for `cfg` (tp > 1:
+    of one rank's file, compiler/shard.py)."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    v = padded_vocab(cfg.vocab_size, tp) // tp
+    i_size, q_size, qkv_size = cfg.intermediate_size // tp, cfg.q_size // tp, cfg.qkv_size // tp
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (v, d)}
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm.weight"] = (d,)
-        shapes[p + "attn.qkv.weight"] = (cfg.qkv_size, d)
+        shapes[p + "attn.qkv.weight"] = (qkv_size, d)
         if cfg.qkv_bias:
-            shapes[p + "attn.qkv.bias"] = (cfg.qkv_size,)
+            shapes[p + "attn.qkv.bias"] = (qkv_size,)
         if cfg.qk_norm:
             shapes[p + "attn.q_norm.weight"] = (hd,)
             shapes[p + "attn.k_norm.weight"] = (hd,)
-        shapes[p + "attn.o.weight"] = (d, cfg.q_size)
+        shapes[p + "attn.o.weight"] = (d, q_size)
         shapes[p + "mlp_norm.weight"] = (d,)
         shapes[p + "mlp.gate_up.weight"] = (2 * i_size, d)
         shapes[p + "mlp.down.weight"] = (d, i_size)
@@ -64,33 +68,40 @@ def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def write_checkpoint(
     out_dir: Path,
     model: ModelConfig,
-    tensors: dict[str, torch.Tensor],
+    tensors: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]],
     *,
     source: dict[str, Any],
     quant: QuantConfig | None = None,
     quant_report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write rank0.safetensors and config.json into `out_dir` (an atomic temp dir); return config.
+    """Write rank{r}.safetensors and config.json into `out_dir` (an atomic temp dir); return
+    config. tensors: one dict (tp 1) or one per rank (compiler/shard.py).
 
     quant_report: the accuracy report of a quantized checkpoint (compiler/quantize/report.py).
     """
     quant = quant or QuantConfig()
-    name = rank_file(0)
-    save_file(
-        {k: t.contiguous() for k, t in tensors.items()},
-        str(out_dir / name),
-        metadata={"format": CHECKPOINT_FORMAT},
-    )
+    ranks = tensors if isinstance(tensors, list) else [tensors]
+    rank_files = {}
+    for r, rank_tensors in enumerate(ranks):
+        name = rank_file(r)
+        save_file(
+            {k: t.contiguous() for k, t in rank_tensors.items()},
+            str(out_dir / name),
+            metadata={"format": CHECKPOINT_FORMAT},
+        )
+        rank_files[name] = sha256_file(out_dir / name)
     config = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_FORMAT_VERSION,
         "ingot_version": INGOT_VERSION,
         "model": model.to_dict(),
         "quant": quant.to_dict(),
-        "tp_size": 1,
+        "tp_size": len(ranks),
         "source": source,
-        "rank_files": {name: sha256_file(out_dir / name)},
+        "rank_files": rank_files,
     }
+    if len(ranks) > 1:
+        config["padded_vocab_size"] = padded_vocab(model.vocab_size, len(ranks))
     if quant_report is not None:
         config["quant_report"] = quant_report
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -155,8 +166,10 @@ def _read_config(ckpt_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantConfig) -> None:
-    expected = expected_tensor_shapes(model)
+def _check_tensors(
+    tensors: CheckpointTensors, model: ModelConfig, quant: QuantConfig, tp: int = 1
+) -> None:
+    expected = expected_tensor_shapes(model, tp)
     # Quantized linears keep X.weight (another dtype/shape) and add scales beside it.
     quantized = checkpoint_layout(model, quant)
     names = set(tensors)
@@ -198,20 +211,28 @@ def _check_tensors(tensors: CheckpointTensors, model: ModelConfig, quant: QuantC
 
 
 def load_checkpoint(
-    ckpt_dir: Path, *, verify_hash: bool = True
+    ckpt_dir: Path, *, verify_hash: bool = True, rank: int = 0
 ) -> tuple[dict[str, Any], CheckpointTensors]:
     """Read and check a checkpoint dir.
 
-    Returns (meta, tensors): meta is config.json with "model" a ModelConfig and "quant" a
-    QuantConfig; tensors a lazy name -> tensor mapping of rank0. Raises CheckpointError on a
-    wrong format or version, a hash mismatch, or missing/unexpected/mis-shaped tensors.
+    Returns (meta, tensors): meta is config.json with "model" a ModelConfig, "quant" a
+    QuantConfig and "tp_size" an int; tensors a lazy name -> tensor mapping of rank `rank`.
+    Raises CheckpointError on a wrong format or version, a hash mismatch, or
+    missing/unexpected/mis-shaped tensors.
     """
     ckpt_dir = Path(ckpt_dir)
     config = _read_config(ckpt_dir)
     meta = dict(config)
     meta["model"] = ModelConfig.from_dict(config["model"])
     meta["quant"] = QuantConfig.from_dict(config.get("quant", {}))
-    name = rank_file(0)
+    tp = config.get("tp_size", 1)
+    if not isinstance(tp, int) or not 0 <= rank < tp:
+        raise CheckpointError(
+            f"{ckpt_dir}: tp_size {tp!r} in {CONFIG_FILE} has no rank {rank}", hint=_RECONVERT
+        )
+    check_tp(meta["model"], tp)
+    meta["tp_size"] = tp
+    name = rank_file(rank)
     path = ckpt_dir / name
     if not path.is_file():
         raise CheckpointError(f"{ckpt_dir} lacks {name}", hint=_RECONVERT)
@@ -222,5 +243,5 @@ def load_checkpoint(
             hint=_RECONVERT,
         )
     tensors = CheckpointTensors(path)
-    _check_tensors(tensors, meta["model"], meta["quant"])
+    _check_tensors(tensors, meta["model"], meta["quant"], tp)
     return meta, tensors

@@ -26,6 +26,7 @@ from .checkpoint import (
 from .families import GLOBAL_TENSORS, HF_LAYER_PREFIX, IGNORED_HF_TENSORS, get_family
 from .hf_config import model_config_from_hf
 from .quantize import QuantOptions, check_request, quantize_checkpoint
+from .shard import check_tp, shard_tensors
 
 Progress = Callable[[str, int, int], None]
 TOKENIZER_FILES = (
@@ -204,8 +205,12 @@ def convert_checkpoint(
     force: bool = False,
     progress: Progress | None = None,
     quant: QuantOptions | None = None,
+    tp_size: int = 1,
 ) -> Path:
     """Convert a local HF model dir into an ingot checkpoint at `output_dir`; return its path.
+
+    tp_size: shard for tensor parallelism into rank{r}.safetensors (compiler/shard.py); must
+    divide num_heads, num_kv_heads and intermediate_size; quantized checkpoints need tp 1.
 
     quant: quantize (FP8 / INT4 AWQ / FP8 KV cache) with ModelOpt calibration, and store the
     accuracy report (compiler/quantize). Raises CheckpointError (bad/unsupported input),
@@ -217,6 +222,12 @@ def convert_checkpoint(
     hf_config = read_hf_config(model_dir)
     cfg = model_config_from_hf(hf_config, dtype)
     check_request(cfg, quant)
+    check_tp(cfg, tp_size)
+    if tp_size > 1 and quant.active:
+        raise ConfigError(
+            f"--tp-size {tp_size} is not supported yet for quantized checkpoints",
+            "convert with --tp-size 1, or without --quant / --kv-cache-dtype fp8",
+        )
     src, out = model_dir.resolve(), output_dir.resolve()
     if out == src or out in src.parents:
         raise ConfigError(
@@ -251,7 +262,7 @@ def convert_checkpoint(
             write_checkpoint(
                 tmp,
                 cfg,
-                tensors,
+                tensors if tp_size == 1 else shard_tensors(cfg, tensors, tp_size),
                 source=source,
                 quant=quant.quant_config(),
                 quant_report=quant_report,

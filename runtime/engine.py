@@ -149,9 +149,22 @@ def read_engine_config(engine_dir: Path) -> EngineConfig:
     return cfg
 
 
-def verify_rank_files(engine_dir: Path, cfg: EngineConfig) -> None:
-    """Raise EngineError if a rank file is missing or its sha256 differs from the config."""
+def rank_file_name(rank: int) -> str:
+    return f"rank{rank}.engine"
+
+
+def verify_rank_files(engine_dir: Path, cfg: EngineConfig, rank: int | None = None) -> None:
+    """Raise EngineError if a rank file is missing or its sha256 differs from the config.
+    rank: check only that rank's file (and the shared ones, e.g. kernels.bin); None: all."""
+    expected = {rank_file_name(r) for r in range(cfg.tp_size)}
+    missing = sorted(expected - cfg.rank_files.keys())
+    if missing:
+        raise EngineError(
+            f"engine config lists no {', '.join(missing)} (tp_size {cfg.tp_size})", REBUILD
+        )
     for name, digest in cfg.rank_files.items():
+        if rank is not None and name in expected and name != rank_file_name(rank):
+            continue
         path = Path(engine_dir) / name
         if not path.is_file():
             raise EngineError(f"engine rank file {name} is missing", REBUILD)
@@ -208,18 +221,21 @@ class LoadedEngine:
 def load_engine(
     engine_dir: Path, device: torch.device | None = None, rank: int = 0, verify: bool = True
 ) -> LoadedEngine:
-    """Check config and target, start the checksum check, then map rank `rank`'s file."""
+    """Check config and target, start the checksum check, then map rank `rank`'s file
+    (tp > 1: each rank checks its own rank file)."""
     engine_dir = Path(engine_dir)
     cfg = read_engine_config(engine_dir)
     if device is None:
         device = torch.device("cpu" if cfg.target == "cpu" else "cuda")
     check_target(cfg, device)
-    name = f"rank{rank}.engine"
+    if not 0 <= rank < cfg.tp_size:
+        raise EngineError(f"rank {rank} is outside the engine's tp_size {cfg.tp_size}", REBUILD)
+    name = rank_file_name(rank)
     if not (engine_dir / name).is_file():
         raise EngineError(f"engine rank file {name} is missing", REBUILD)
     future = None
     if verify:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-verify")
-        future = pool.submit(verify_rank_files, engine_dir, cfg)
+        future = pool.submit(verify_rank_files, engine_dir, cfg, rank if cfg.tp_size > 1 else None)
         pool.shutdown(wait=False)
     return LoadedEngine(engine_dir, cfg, EngineFile(engine_dir / name), future)

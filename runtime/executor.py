@@ -35,7 +35,9 @@ class Executor:
     of max_seq_len tokens (within a budget), on a GPU `kv_cache_free_gpu_memory_fraction` of
     the memory left after weights and activations. policy: "guaranteed_no_evict" or
     "max_utilization" (the C++ core's admission policies). cuda_graphs: replay decode steps
-    from graphs captured per batch-size bucket (GPU only).
+    from graphs captured per batch-size bucket (GPU only; tp 1 only for now). comm: this
+    rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0 schedules,
+    broadcasts each plan and samples, the other ranks run `follow`.
     """
 
     def __init__(
@@ -47,8 +49,16 @@ class Executor:
         enable_prefix_reuse: bool = True,
         kv_cache_free_gpu_memory_fraction: float = 0.9,
         cuda_graphs: bool = True,
+        comm=None,
     ) -> None:
         cfg = engine.config
+        tp = comm.world if comm is not None else 1
+        if cfg.tp_size != tp:
+            raise ConfigError(
+                f"the engine is built for tp_size {cfg.tp_size}, this executor runs {tp} rank(s)",
+                "serve it with `ingot run-engine` or `ingot.runtime.llm.LLM`",
+            )
+        self.comm = comm
         self.config = cfg
         self.device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
         self.dtype = _DTYPES[cfg.model.dtype]
@@ -57,17 +67,22 @@ class Executor:
             # NOTE: before any kernel launches, so every launch finds its ahead-of-time binary.
             self.kernels = install_engine_kernels(engine.dir, cfg.rank_files.get(KERNELS_FILE))
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
-        self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant)
+        self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant, comm=comm)
         b = cfg.build
         # Quantization: an FP8 KV cache stores float8_e4m3fn (K/V divided by per-layer scales).
         kv_dtype = torch.float8_e4m3fn if cfg.quant.kv_cache_dtype == "fp8" else self.dtype
         if num_kv_blocks is None:
             num_kv_blocks = default_num_kv_blocks(
-                cfg.model, b, kv_dtype, self.device, kv_cache_free_gpu_memory_fraction
+                cfg.model, b, kv_dtype, self.device, kv_cache_free_gpu_memory_fraction, tp=tp
             )
+        if comm is not None:
+            # NOTE: every rank's pool must hold each block id rank 0's scheduler hands out.
+            num_kv_blocks = comm.min_int(num_kv_blocks)
         if num_kv_blocks <= 0:
             raise ConfigError(f"the KV cache needs at least one block, got {num_kv_blocks}")
-        self.kv = KVCache(cfg.model, num_kv_blocks, b.tokens_per_block, kv_dtype, self.device)
+        self.kv = KVCache(
+            cfg.model, num_kv_blocks, b.tokens_per_block, kv_dtype, self.device, tp=tp
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_kv_blocks,
@@ -80,7 +95,7 @@ class Executor:
             )
         )
         self.graphs = None
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and self.device.type == "cuda" and comm is None:
             from .cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
@@ -92,6 +107,8 @@ class Executor:
                 self.device,
             )
         engine.wait_verified()
+        if comm is not None:
+            comm.min_int(0)  # NOTE: a barrier: every rank has loaded and verified its shard
         self.eos_ids = set(cfg.model.eos_token_ids)
         self.requests: dict[int, Request] = {}
         self._samplers: dict[int, RequestSampler] = {}
@@ -135,7 +152,10 @@ class Executor:
             return []
         samples = np.asarray(plan.samples).astype(bool)
         rows = np.nonzero(samples)[0]
-        logits, argmax = self._logits(plan, rows)
+        if self.comm is None:
+            logits, argmax = self._logits(plan, rows)
+        else:
+            logits, argmax = self._logits_tp(plan, rows), None
         new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
         finish = np.zeros(plan.num_seqs, dtype=np.int8)
         seq_ids = np.asarray(plan.seq_ids)
@@ -183,6 +203,63 @@ class Executor:
         last = torch.from_numpy(qsl[rows + 1] - 1).to(dev)
         return self.decoder.logits(hidden[last.long()]), None
 
+    def _logits_tp(self, plan, rows: np.ndarray) -> torch.Tensor:
+        """tp rank 0: broadcast the step, run it like every rank, keep prompt logits."""
+        qsl = np.asarray(plan.query_start_loc)
+        ranges = self._prompt_ranges(plan)
+        arrays = {
+            "input_ids": plan.input_ids,
+            "positions": plan.positions,
+            "slot_mapping": plan.slot_mapping,
+            "block_tables": plan.block_tables,
+            "context_lens": plan.context_lens,
+            "query_start_loc": qsl,
+            "last": qsl[rows + 1] - 1,
+            "prompt_ranges": np.array([(s, n) for _, s, n in ranges], np.int32).reshape(-1, 2),
+        }
+        self.comm.broadcast_plan(arrays)
+        prompt_logits, logits = self.run_plan(arrays)
+        for (req, _, _), lg in zip(ranges, prompt_logits, strict=True):
+            req.prompt_logits.append(lg.cpu())
+        return logits
+
+    def run_plan(self, arrays: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """tp, every rank: one broadcast step (distributed.PLAN_KEYS) -> (logits of each prompt
+        range, float32 logits [R, V] of the sampling rows). Collectives inside: all ranks call
+        it with the same arrays."""
+        dev = self.device
+
+        def put(a) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
+
+        qsl = arrays["query_start_loc"]
+        meta = AttnMetadata(
+            slot_mapping=put(arrays["slot_mapping"]),
+            block_tables=put(arrays["block_tables"]),
+            context_lens=put(arrays["context_lens"]),
+            query_start_loc=put(qsl),
+            max_context_len=int(np.max(arrays["context_lens"])),
+            max_query_len=int(np.max(np.diff(qsl))),
+        )
+        hidden = self.decoder.forward(
+            put(arrays["input_ids"]), put(arrays["positions"]), meta, self.kv
+        )
+        prompt = [
+            self.decoder.logits(hidden[s : s + n]) for s, n in arrays["prompt_ranges"].tolist()
+        ]
+        return prompt, self.decoder.logits(hidden[put(arrays["last"]).long()])
+
+    def follow(self, on_step: Callable[[int], None] | None = None) -> None:
+        """tp ranks > 0: run rank 0's broadcast steps until it sends "stop".
+        on_step(step) runs before each step (a test hook)."""
+        for step in itertools.count(1):
+            arrays = self.comm.broadcast_plan(None)
+            if arrays is None:
+                return
+            if on_step is not None:
+                on_step(step)
+            self.run_plan(arrays)
+
     def _sample(
         self, reqs: list[Request], logits: torch.Tensor, argmax: torch.Tensor | None
     ) -> list[int]:
@@ -210,14 +287,21 @@ class Executor:
 
     def _keep_prompt_logits(self, plan, hidden: torch.Tensor) -> None:
         """Logits of every computed prompt position, for requests that asked (scoring)."""
+        for req, first, n in self._prompt_ranges(plan):
+            rows = hidden[first : first + n]
+            req.prompt_logits.append(self.decoder.logits(rows).cpu())
+
+    def _prompt_ranges(self, plan) -> list[tuple[Request, int, int]]:
+        """(request, first row, rows) of the prompt positions whose logits are kept."""
         qsl = np.asarray(plan.query_start_loc)
         seq_ids, start = np.asarray(plan.seq_ids), np.asarray(plan.num_computed)
+        out = []
         for b in range(plan.num_prefill):
             req = self.requests[int(seq_ids[b])]
             if req.params.return_prompt_logits and start[b] < len(req.prompt_ids):
                 n = min(int(qsl[b + 1] - qsl[b]), len(req.prompt_ids) - int(start[b]))
-                rows = hidden[int(qsl[b]) : int(qsl[b]) + n]
-                req.prompt_logits.append(self.decoder.logits(rows).cpu())
+                out.append((req, int(qsl[b]), n))
+        return out
 
     def run_until_done(
         self, on_token: TokenCallback | None = None, stop_check: StopCheck | None = None

@@ -12,7 +12,8 @@ from .config import ModelConfig
 
 class KVCache:
     """`num_blocks` blocks for the scheduler plus one scratch block (index num_blocks) that
-    padded rows of a captured decode graph write to and read from."""
+    padded rows of a captured decode graph write to and read from. tp: each rank holds its
+    num_kv_heads / tp heads."""
 
     def __init__(
         self,
@@ -21,6 +22,7 @@ class KVCache:
         tokens_per_block: int,
         dtype: torch.dtype,
         device: torch.device,
+        tp: int = 1,
     ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
@@ -33,7 +35,7 @@ class KVCache:
             2,
             num_blocks + 1,
             tokens_per_block,
-            cfg.num_kv_heads,
+            cfg.num_kv_heads // tp,
             cfg.head_dim,
             dtype=dtype,
             device=device,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .engine import load_engine
-from .errors import EngineError
+from .errors import EngineError, IngotError
 from .executor import Executor
 from .types import FinishReason, Request, SamplingParams
 
@@ -44,7 +44,13 @@ class Completion:
 
 
 class LLM:
-    """Loads an engine and serves text prompts with inflight batching."""
+    """Loads an engine and serves text prompts with inflight batching.
+
+    A tensor-parallel engine (tp_size > 1) spawns ranks 1..tp-1 (runtime/distributed.py);
+    this process is rank 0. Call `close()` (or use `with`) to stop them; a failed rank stops
+    the whole group and surfaces here as one EngineError naming it. tp_timeouts: a
+    `distributed.TPTimeouts` (tp > 1 only).
+    """
 
     def __init__(
         self,
@@ -53,16 +59,59 @@ class LLM:
         num_kv_blocks: int | None = None,
         policy: str = "guaranteed_no_evict",
         kv_fraction: float = 0.9,
+        tp_timeouts=None,
     ) -> None:
+        self.group = None
         self.engine = load_engine(Path(engine_dir), device)
         self.tokenizer = load_tokenizer(engine_dir)
-        self.executor = Executor(
-            self.engine,
-            device,
+        kw = dict(
             num_kv_blocks=num_kv_blocks,
             policy=policy,
             kv_cache_free_gpu_memory_fraction=kv_fraction,
         )
+        tp = self.engine.config.tp_size
+        if tp == 1:
+            self.executor = Executor(self.engine, device, **kw)
+            return
+        from .distributed import RankGroup
+
+        if device is None:
+            device = torch.device("cpu" if self.engine.config.target == "cpu" else "cuda:0")
+        self.group = RankGroup(Path(engine_dir), tp, device, kw, tp_timeouts)
+        self.executor = self._guard(
+            lambda: Executor(self.engine, device, comm=self.group.join(), **kw)
+        )
+
+    def _guard(self, fn):
+        """tp: run fn; any failure stops every rank and names the one that failed."""
+        if self.group is None:
+            return fn()
+        try:
+            return fn()
+        except IngotError:
+            self.group.terminate()
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken collective or a rank-0 bug
+            raise self.group.failure(e) from None
+
+    def close(self) -> None:
+        """Stop the other ranks (tp > 1); nothing to do for tp 1. Idempotent."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "group", None) is not None:
+            try:
+                self.group.terminate()
+            except Exception:  # noqa: BLE001 - interpreter shutdown; the ranks are daemons
+                pass
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -94,7 +143,7 @@ class LLM:
                 on_text(index[req.request_id], text[start:])
                 shown[req.request_id] = len(text)
 
-        self.executor.run_until_done(on_token, self._stop_check)
+        self._guard(lambda: self.executor.run_until_done(on_token, self._stop_check))
         return [self._completion(p, r) for p, r in zip(prompts, reqs, strict=True)]
 
     def _completion(self, prompt: str, req: Request) -> Completion:

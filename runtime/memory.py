@@ -10,9 +10,12 @@ from .errors import ConfigError
 CPU_KV_BUDGET_BYTES = 4 << 30
 
 
-def kv_bytes_per_block(cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(
+    cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype, tp: int = 1
+) -> int:
+    """One block of one rank's KV pool (tp: num_kv_heads / tp heads)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return cfg.num_layers * 2 * tokens_per_block * cfg.kv_size * elem
+    return cfg.num_layers * 2 * tokens_per_block * (cfg.kv_size // tp) * elem
 
 
 def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:
@@ -32,12 +35,14 @@ def num_kv_blocks(
     dtype: torch.dtype,
     device: torch.device,
     free_gpu_memory_fraction: float = 0.9,
+    tp: int = 1,
 ) -> int:
     """KV pool size. CPU: enough for max_batch_size full sequences, within a fixed budget.
     GPU: `free_gpu_memory_fraction` of the memory left after weights and one step's
     activations (call after the weights are on the device), up to twice what max_batch_size
-    full sequences need (the rest of that headroom keeps finished prefixes for reuse)."""
-    per_block = kv_bytes_per_block(cfg, build.tokens_per_block, dtype)
+    full sequences need (the rest of that headroom keeps finished prefixes for reuse).
+    tp: sized for one rank's shard of the pool (the ranks then agree on the smallest)."""
+    per_block = kv_bytes_per_block(cfg, build.tokens_per_block, dtype, tp)
     blocks_per_seq = -(-build.max_seq_len // build.tokens_per_block)
     if device.type != "cuda":
         return min(

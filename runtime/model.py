@@ -15,6 +15,7 @@ import torch
 from ingot.plugins import Tactic, get_spec, load, target_kind
 
 from .config import ModelConfig, QuantConfig
+from .distributed import vocab_range
 from .engine import EngineConfig
 from .kv_cache import KVCache
 from .linear import make_linear
@@ -61,7 +62,13 @@ class Ops:
 
 
 class Decoder:
-    """Forward pass over a packed batch. Holds views of the engine's weights (no copies)."""
+    """Forward pass over a packed batch. Holds views of the engine's weights (no copies).
+
+    comm: None for tp 1. With tensor parallelism (runtime/distributed.py) `weights` are this
+    rank's shards: its q and kv heads (local q heads r*Hq/tp.. pair with local kv heads
+    r*Hkv/tp.., so GQA groups stay within a rank), its gate/up rows and o/down columns, its
+    vocabulary rows; `cfg` stays the full model's.
+    """
 
     def __init__(
         self,
@@ -69,10 +76,17 @@ class Decoder:
         weights: dict[str, torch.Tensor],
         ops: Ops,
         quant: QuantConfig | None = None,
+        comm=None,
     ) -> None:
         self.cfg = cfg
         self.w = weights
         self.ops = ops
+        self.comm = comm
+        tp = comm.world if comm is not None else 1
+        self.num_heads, self.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
+        if comm is not None:
+            self.vocab_start, self.vocab_local = vocab_range(cfg.vocab_size, tp, comm.rank)
         quant = quant or QuantConfig()
         self.linears = {
             f"layers.{i}.{name}": make_linear(ops, weights, f"layers.{i}.{name}", quant)
@@ -91,11 +105,11 @@ class Decoder:
     ) -> torch.Tensor:
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
-        qkv = self.linears[p + "qkv"](x)  # [T, qkv_size]
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.reshape(-1, c.num_heads, c.head_dim)
-        k = k.reshape(-1, c.num_kv_heads, c.head_dim)
-        v = v.reshape(-1, c.num_kv_heads, c.head_dim)
+        qkv = self.linears[p + "qkv"](x)  # [T, qkv_size / tp]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, c.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, c.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q = ops.rms_norm(q, w[p + "q_norm.weight"], c.rms_norm_eps)
             k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
@@ -117,18 +131,35 @@ class Decoder:
             max_context_len=meta.max_context_len,
             **fp8,
         )
-        return self.linears[p + "o"](o.reshape(-1, c.q_size))
+        out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)
+        if self.comm is not None:
+            self.comm.all_reduce_(out)
+        return out
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         p = f"layers.{i}.mlp."
-        return self.linears[p + "down"](self.ops.swiglu(self.linears[p + "gate_up"](x)))
+        out = self.linears[p + "down"](self.ops.swiglu(self.linears[p + "gate_up"](x)))
+        if self.comm is not None:
+            self.comm.all_reduce_(out)  # row-parallel down: [T, D] partial sums
+        return out
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] -> [T, D]. tp: each rank looks up its vocabulary slice (other ids
+        give zeros), then the ranks sum."""
+        if self.comm is None:
+            return self.ops.embedding(input_ids, self.w["embed.weight"])
+        local = input_ids.long() - self.vocab_start
+        mine = (local >= 0) & (local < self.vocab_local)  # [T]
+        h = self.ops.embedding(local.clamp(0, self.vocab_local - 1), self.w["embed.weight"])
+        h = h.masked_fill(~mine[:, None], 0)
+        return self.comm.all_reduce_(h)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
         c, w, ops = self.cfg, self.w, self.ops
-        h = ops.embedding(input_ids, w["embed.weight"])
+        h = self._embed(input_ids)
         residual = h
         x = ops.rms_norm(h, w["layers.0.attn_norm.weight"], c.rms_norm_eps)
         for i in range(c.num_layers):
@@ -146,5 +177,13 @@ class Decoder:
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does)."""
-        return self._lm_head(hidden, self.lm_head).float()
+        """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does).
+
+        tp: every rank must call it with the same B (a collective); each computes its
+        vocabulary slice and all gather the full (padded) vocabulary."""
+        if self.comm is None:
+            return self._lm_head(hidden, self.lm_head).float()
+        if hidden.shape[0] == 0:
+            return hidden.new_zeros(0, self.cfg.vocab_size, dtype=torch.float32)
+        local = self._lm_head(hidden, self.lm_head)  # [B, V_padded / tp]
+        return self.comm.all_gather_last_dim(local)[:, : self.cfg.vocab_size].float()
