@@ -80,16 +80,20 @@ _op(
     "activation.triton_kernels:make_swiglu",
     "activation.triton_kernels:SWIGLU_TACTICS",
 )
-# Quantized GEMMs: CPU references only for now; the GPU kernels add their "cuda" impls later.
-register(PluginSpec("fp8_gemm", 1, (), _ACT, {"cpu": f"{_P}.quant.reference:make_fp8_linear"}))
-register(
-    PluginSpec(
-        "w4a16_gemm",
-        1,
-        (("group_size", "int32"),),
-        _ACT,
-        {"cpu": f"{_P}.quant.reference:make_w4a16_linear"},
-    )
+# Quantized GEMMs (layouts: docs/formats.md). FP8: Triton quantize + cuBLASLt (SM >= 89).
+_op(
+    "fp8_gemm",
+    (),
+    "quant.reference:make_fp8_linear",
+    "quant.cuda_fp8:make_fp8_linear",
+    "quant.cuda_fp8:FP8_GEMM_TACTICS",
+)
+_op(
+    "w4a16_gemm",
+    (("group_size", "int32"),),
+    "quant.reference:make_w4a16_linear",
+    "quant.triton_w4a16:make_w4a16_linear",
+    "quant.triton_w4a16:W4A16_TACTICS",
 )
 
 __all__ = ["PluginSpec", "Tactic", "all_specs", "get_spec", "load", "register", "target_kind"]

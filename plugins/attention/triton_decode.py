@@ -54,6 +54,8 @@ def _decode_kernel(
     q_ptr,
     kc_ptr,
     vc_ptr,
+    ks_ptr,
+    vs_ptr,
     bt_ptr,
     ctx_ptr,
     out_ptr,
@@ -76,6 +78,7 @@ def _decode_kernel(
     SPLIT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     PARTITION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     G_PAD: tl.constexpr,
@@ -116,6 +119,9 @@ def _decode_kernel(
             kv_mask = tv[:, None] & dm[None, :]
             k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8:  # FP8 KV cache: dequantize on load
+                k = k.to(tl.float32) * tl.load(ks_ptr)
+                v = v.to(tl.float32) * tl.load(vs_ptr)
             # NOTE: float32 engines must not round to TF32 (they are checked token for token).
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -198,10 +204,22 @@ def _decode_reduce_kernel(
 
 
 def launch_decode(
-    q, k_cache, v_cache, block_tables, context_lens, scale, window, max_context_len, out, params
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale,
+    window,
+    max_context_len,
+    out,
+    params,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
     """q: [B, Hq, hd] (one query per sequence, row b = sequence b). `window` <= 0: none.
-    `max_context_len` (an upper bound is fine) sizes the split grid."""
+    `max_context_len` (an upper bound is fine) sizes the split grid. k_scale / v_scale: an FP8
+    KV cache's scales (float32 []) or None (then the kernel is the plain one)."""
     B, hq, hd = q.shape
     hkv = k_cache.shape[2]
     if B == 0:
@@ -220,10 +238,13 @@ def launch_decode(
     else:
         po = pml = out
     use_window = window > 0
+    fp8 = k_scale is not None and v_scale is not None
     _decode_kernel[(B, hkv, num_splits)](
         q,
         k_cache,
         v_cache,
+        k_scale if fp8 else None,
+        v_scale if fp8 else None,
         block_tables,
         context_lens,
         out,
@@ -246,6 +267,7 @@ def launch_decode(
         SPLIT=split,
         USE_WINDOW=use_window,
         IEEE=q.dtype == torch.float32,
+        KV_FP8=fp8,
         PARTITION=part,
         BLOCK_N=block_n,
         G_PAD=max(16, triton.next_power_of_2(g)),
@@ -311,6 +333,8 @@ def make_decode_attention(tactic: Tactic | None = None):
         *,
         max_context_len=None,
         out=None,
+        k_scale=None,
+        v_scale=None,
     ):
         out = torch.empty_like(q) if out is None else out
         if max_context_len is None:
@@ -326,6 +350,8 @@ def make_decode_attention(tactic: Tactic | None = None):
             int(max_context_len),
             out,
             params,
+            k_scale,
+            v_scale,
         )
         return out
 
@@ -348,6 +374,8 @@ def make_paged_attention(tactic: Tactic | None = None):
         max_query_len: int | None = None,
         max_context_len: int | None = None,
         out: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reference's contract (q: [T, Hq, hd] packed -> [T, Hq, hd]), plus metadata:
 
@@ -357,6 +385,8 @@ def make_paged_attention(tactic: Tactic | None = None):
         max_context_len: an upper bound on context_lens for sizing the decode split grid; None
             uses the block table's width * block size (no sync).
         out: optional [T, Hq, hd] output (e.g. a static buffer in a captured graph).
+        k_scale / v_scale: an FP8 KV cache's scales (float32 []): the kernels multiply the
+            float8_e4m3fn K/V by them on load; None: a plain cache (the kernels are unchanged).
         """
         out = torch.empty_like(q) if out is None else out
         window = int(sliding_window) if sliding_window else 0
@@ -379,6 +409,8 @@ def make_paged_attention(tactic: Tactic | None = None):
                 int(max_context_len),
                 out,
                 dec_params,
+                k_scale,
+                v_scale,
             )
         else:
             launch_prefill(
@@ -393,6 +425,8 @@ def make_paged_attention(tactic: Tactic | None = None):
                 int(max_query_len),
                 out,
                 pf_params,
+                k_scale,
+                v_scale,
             )
         return out
 

@@ -3,6 +3,8 @@
 One program per token copies its Hkv x hd keys and values into the flat slot
 block * block_size + offset. Slots < 0 are skipped (padding tokens in a captured batch).
 For the decoder's hot path prefer `rope.triton_kernels.make_rope_write_kv` (RoPE fused in).
+FP8 KV cache: with k_scale / v_scale, k / k_scale and v / v_scale are stored saturated to
+float8_e4m3fn (bit-exact with the reference); without them the kernel is the plain copy.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 
 KV_WRITE_TACTICS: tuple[Tactic, ...] = (
@@ -27,6 +30,8 @@ def _kv_write_kernel(
     kc_ptr,
     vc_ptr,
     slot_ptr,
+    ks_ptr,
+    vs_ptr,
     HKV,
     HD,
     skt,
@@ -35,6 +40,7 @@ def _kv_write_kernel(
     svh,
     sc_slot,
     sc_h,
+    KV_FP8: tl.constexpr,
     H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
 ):
@@ -47,8 +53,12 @@ def _kv_write_kernel(
         k = tl.load(k_ptr + t * skt + h * skh + d, mask=m)
         v = tl.load(v_ptr + t * svt + h * svh + d, mask=m)
         dst = slot * sc_slot + h * sc_h + d
-        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
-        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+        if KV_FP8:
+            tl.store(kc_ptr + dst, quant_fp8(k.to(tl.float32), tl.load(ks_ptr)), mask=m)
+            tl.store(vc_ptr + dst, quant_fp8(v.to(tl.float32), tl.load(vs_ptr)), mask=m)
+        else:
+            tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
+            tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 def make_write_kv(tactic: Tactic | None = None):
@@ -60,8 +70,20 @@ def make_write_kv(tactic: Tactic | None = None):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
-        """Scatter k, v: [T, Hkv, hd] into caches [num_blocks, block_size, Hkv, hd] at slots [T]."""
+        """Scatter k, v: [T, Hkv, hd] into caches [num_blocks, block_size, Hkv, hd] at slots [T].
+
+        k_scale / v_scale (float32 [], FP8 KV cache, float8_e4m3fn caches): store k / k_scale
+        and v / v_scale saturated to fp8. None: store k, v cast to the cache dtype.
+        """
+        fp8 = k_scale is not None and v_scale is not None
+        if fp8 and k_cache.dtype != torch.float8_e4m3fn:
+            raise ValueError(
+                f"write_kv: k_scale/v_scale need a float8_e4m3fn cache, got {k_cache.dtype}"
+            )
         T, hkv, hd = k.shape
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("write_kv: the last (head_dim) dimension must be contiguous")
@@ -79,6 +101,8 @@ def make_write_kv(tactic: Tactic | None = None):
             k_cache,
             v_cache,
             slot_mapping,
+            k_scale if fp8 else None,
+            v_scale if fp8 else None,
             hkv,
             hd,
             k.stride(0),
@@ -87,6 +111,7 @@ def make_write_kv(tactic: Tactic | None = None):
             v.stride(1),
             k_cache.stride(1),
             k_cache.stride(2),
+            KV_FP8=fp8,
             H_PAD=triton.next_power_of_2(hkv),
             D_PAD=triton.next_power_of_2(hd),
             num_warps=int(params.get("num_warps", 4)),

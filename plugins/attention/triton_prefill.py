@@ -47,6 +47,8 @@ def _prefill_kernel(
     q_ptr,
     kc_ptr,
     vc_ptr,
+    ks_ptr,
+    vs_ptr,
     bt_ptr,
     ctx_ptr,
     qsl_ptr,
@@ -66,6 +68,7 @@ def _prefill_kernel(
     s_bt,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -105,6 +108,8 @@ def _prefill_kernel(
             off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
             kv_mask = tv[:, None] & dm[None, :]
             k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8:  # FP8 KV cache: dequantize on load
+                k = k.to(tl.float32) * tl.load(ks_ptr)
             # NOTE: float32 engines must not round to TF32 (they are checked token for token).
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -119,6 +124,8 @@ def _prefill_kernel(
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8:
+                v = v.to(tl.float32) * tl.load(vs_ptr)
             if IEEE:
                 pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
             else:
@@ -146,9 +153,12 @@ def launch_prefill(
     max_query_len,
     out,
     params,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
     """Launch the prefill kernel. `window` <= 0 means no sliding window; `max_query_len` sizes
-    the grid (an upper bound is fine)."""
+    the grid (an upper bound is fine). k_scale / v_scale: an FP8 KV cache's scales (float32 [])
+    or None (then the kernel is the plain one)."""
     T, hq, hd = q.shape
     hkv = k_cache.shape[2]
     B = context_lens.shape[0]
@@ -156,10 +166,13 @@ def launch_prefill(
         return
     block_m = int(params.get("block_m", 128))
     grid = (triton.cdiv(max_query_len, block_m), hq, B)
+    fp8 = k_scale is not None and v_scale is not None
     _prefill_kernel[grid](
         q,
         k_cache,
         v_cache,
+        k_scale if fp8 else None,
+        v_scale if fp8 else None,
         block_tables,
         context_lens,
         query_start_loc,
@@ -179,6 +192,7 @@ def launch_prefill(
         block_tables.stride(0),
         USE_WINDOW=window > 0,
         IEEE=q.dtype == torch.float32,
+        KV_FP8=fp8,
         BLOCK_M=block_m,
         BLOCK_N=int(params.get("block_n", 64)),
         D_PAD=max(16, triton.next_power_of_2(hd)),
@@ -203,6 +217,8 @@ def make_prefill_attention(tactic: Tactic | None = None):
         *,
         max_query_len: int | None = None,
         out: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         out = torch.empty_like(q) if out is None else out
         if max_query_len is None:
@@ -220,6 +236,8 @@ def make_prefill_attention(tactic: Tactic | None = None):
             max_query_len,
             out,
             params,
+            k_scale,
+            v_scale,
         )
         return out
 

@@ -1,0 +1,84 @@
+"""FP8 W8A8 GEMM on CUDA (plugin fp8_gemm v1): same contract as `reference.fp8_linear`.
+
+x is quantized by a small Triton kernel (`triton_quantize`, bit-exact with the reference), then
+multiplied by cuBLASLt through `torch._scaled_mm` with the static per-tensor scales: fp8 x fp8
+products accumulated in fp32, scaled by input_scale * weight_scale, bias added, one cast to the
+output dtype. The engine's weight [N, K] row-major is the column-major B `_scaled_mm` wants.
+
+cuBLASLt's FP8 GEMM needs SM >= 89, K and N multiples of 16 and 16-byte aligned operands;
+other shapes take a fallback in the same call: the fp8 operands upcast to fp32 and multiplied by
+torch (products of fp8 values are exact, so only the accumulation order differs). A bias that
+`_scaled_mm` cannot fuse (fp32 output, or another dtype) is added in fp32 afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import Tactic
+from .triton_quantize import QUANTIZE_TACTICS, quantize_fp8
+
+# A tactic is the quantize kernel's configuration; cuBLASLt picks its own GEMM algorithm.
+FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
+    Tactic("cublaslt_q" + t.name, t.params) for t in QUANTIZE_TACTICS
+)
+
+
+def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    K = xq.shape[1]
+    N = weight.shape[0]
+    return (
+        xq.device.type in ("cuda", "meta")  # meta: the AOT dry run records the quantize launch
+        and K % 16 == 0
+        and N % 16 == 0
+        and weight.stride(1) == 1
+        and weight.stride(0) % 16 == 0
+        and xq.stride(1) == 1
+        and xq.stride(0) % 16 == 0
+        and out_dtype in (torch.bfloat16, torch.float16, torch.float32)
+    )
+
+
+def make_fp8_linear(tactic: Tactic | None = None):
+    qtactic = tactic or FP8_GEMM_TACTICS[0]
+
+    def fp8_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """x: [T, K] (model dtype, or float8_e4m3fn already quantized with input_scale by a
+        fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N]."""
+        if x.dtype == torch.float8_e4m3fn:
+            if out_dtype is None:
+                raise ValueError("fp8_gemm: an already-quantized x needs out_dtype")
+            xq = x
+        else:
+            out_dtype = out_dtype or x.dtype
+            xq = quantize_fp8(x, input_scale, tactic=qtactic)  # [T, K] fp8
+        if not _scaled_mm_ok(xq, weight, out_dtype):
+            # fp8 values (4 significant bits) are exact in fp32 and even in TF32
+            acc = xq.float() @ weight.float().t()  # [T, N]
+            y = acc * (input_scale.float() * weight_scale.float())
+            if bias is not None:
+                y = y + bias.float()
+            return y.to(out_dtype)
+        # NOTE: _scaled_mm takes a bias only in the output's dtype (and none for fp32 output).
+        fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
+        y = torch._scaled_mm(
+            xq,
+            weight.t(),
+            scale_a=input_scale,
+            scale_b=weight_scale,
+            bias=bias if fused_bias else None,
+            out_dtype=torch.float32 if bias is not None and not fused_bias else out_dtype,
+        )
+        if bias is not None and not fused_bias:
+            y = (y + bias.float()).to(out_dtype)
+        return y
+
+    return fp8_linear

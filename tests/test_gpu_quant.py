@@ -1,0 +1,273 @@
+"""Quantized GPU kernels against their references at Llama-3-8B shapes (H200 run).
+
+FP8 GEMM (Triton quantize + cuBLASLt), W4A16 GEMM (Triton, decode and gemm paths), the FP8
+quantize kernels (bit-exact) and the FP8 KV cache (write bit-exact; decode and prefill attention).
+Outputs are poisoned with NaN first; every tactic is exercised. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ingot.plugins.attention import reference as attn_ref
+from ingot.plugins.attention import triton_decode as dec
+from ingot.plugins.attention import triton_kv_write as kvw
+from ingot.plugins.attention import triton_prefill as pf
+from ingot.plugins.quant import cuda_fp8
+from ingot.plugins.quant import reference as qref
+from ingot.plugins.quant import triton_quantize as tq
+from ingot.plugins.quant import triton_w4a16 as tw
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+F8 = torch.float8_e4m3fn
+FP8_TOL = 5e-2
+W4_TOL = 1e-2
+# Llama-3-8B linears (N, K): qkv, o, gate_up, down
+SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+TS = [1, 2, 4, 7, 64, 300]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN in output (unwritten element or bad masking)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def ids(tactics):
+    return [t.name for t in tactics]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype == F8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def sm() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+needs_fp8 = pytest.mark.skipif(
+    not torch.cuda.is_available() or sm() < 89, reason="FP8 needs SM >= 89"
+)
+
+
+# --------------------------------------------------------------------------- FP8
+
+
+@needs_fp8
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
+def test_quantize_fp8_bit_exact(dtype):
+    x = torch.cat([torch.randn(1000, 4096) * 50, torch.randn(8, 4096) * 1e-3]).to(DEV, dtype)
+    s = torch.tensor(0.37, device=DEV)
+    ref = qref.quantize_fp8(x, s)
+    for tactic in tq.QUANTIZE_TACTICS:
+        out = torch.zeros_like(x, dtype=F8)
+        assert same_bits(tq.quantize_fp8(x, s, out=out, tactic=tactic), ref), tactic.name
+
+
+@needs_fp8
+@pytest.mark.parametrize("tactic", cuda_fp8.FP8_GEMM_TACTICS, ids=ids(cuda_fp8.FP8_GEMM_TACTICS))
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_gemm(tactic, N, K, bias):
+    w = torch.randn(N, K, device=DEV) * 0.02
+    w_scale = w.abs().max() / 448
+    weight = qref.quantize_fp8(w, w_scale)
+    b = torch.randn(N, device=DEV, dtype=BF16) if bias else None
+    fn = cuda_fp8.make_fp8_linear(tactic)
+    for T in TS:
+        x = torch.randn(T, K, device=DEV, dtype=BF16)
+        in_scale = x.float().abs().max() / 448
+        ref = qref.fp8_linear(x, weight, w_scale, in_scale, b)
+        out = fn(x, weight, w_scale, in_scale, b)
+        assert out.shape == (T, N) and out.dtype == BF16
+        assert rel_err(out, ref) < FP8_TOL, T
+
+
+@needs_fp8
+def test_fp8_gemm_odd_shapes_and_prequantized_x():
+    fn = cuda_fp8.make_fp8_linear(None)
+    for N, K, dtype in ((37, 128, BF16), (48, 200, torch.float32), (4096, 4096, torch.float32)):
+        w = torch.randn(N, K, device=DEV) * 0.02
+        weight = qref.quantize_fp8(w, w.abs().max() / 448)
+        ws, xs = w.abs().max() / 448, torch.tensor(0.01, device=DEV)
+        x = torch.randn(5, K, device=DEV, dtype=dtype)
+        b = torch.randn(N, device=DEV, dtype=dtype)
+        ref = qref.fp8_linear(x, weight, ws, xs, b)
+        assert rel_err(fn(x, weight, ws, xs, b), ref) < FP8_TOL
+        xq = tq.quantize_fp8(x, xs)
+        assert rel_err(fn(xq, weight, ws, xs, b, out_dtype=dtype), ref) < FP8_TOL
+
+
+@needs_fp8
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_quant_fp8(residual):
+    from ingot.plugins.norm import reference as norm_ref
+
+    x = torch.randn(37, 4096, device=DEV, dtype=BF16)
+    r = torch.randn(37, 4096, device=DEV, dtype=BF16)
+    w = (1 + 0.1 * torch.randn(4096, device=DEV)).to(BF16)
+    s = torch.tensor(0.02, device=DEV)
+    if residual:
+        out, new_r = tq.rms_norm_quant_fp8(x, w, 1e-5, s, r)
+        ref_n, ref_r = norm_ref.add_rms_norm(x, r, w, 1e-5)
+        assert torch.equal(new_r, ref_r)
+    else:
+        out, ref_n = tq.rms_norm_quant_fp8(x, w, 1e-5, s), norm_ref.rms_norm(x, w, 1e-5)
+    ref = qref.quantize_fp8(ref_n, s)
+    assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
+    assert rel_err(out.float(), ref.float()) < FP8_TOL
+
+
+@needs_fp8
+def test_swiglu_quant_fp8():
+    from ingot.plugins.activation import reference as act_ref
+
+    x = torch.randn(9, 2 * 14336, device=DEV, dtype=BF16)
+    s = torch.tensor(0.01, device=DEV)
+    out = tq.swiglu_quant_fp8(x, s)
+    ref = qref.quantize_fp8(act_ref.swiglu(x), s)
+    assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
+    assert rel_err(out.float(), ref.float()) < FP8_TOL
+
+
+# --------------------------------------------------------------------------- W4A16
+
+
+def _w4(N: int, K: int, dtype=BF16):
+    codes = torch.randint(0, 16, (N, K), device=DEV)
+    qweight = qref.pack_int4(codes.cpu()).t().contiguous().to(DEV)  # [K/8, N]
+    scales = (torch.rand(K // 128, N, device=DEV) * 0.02 + 0.002).to(dtype)
+    pqs = (torch.rand(K, device=DEV) + 0.5).to(dtype)
+    return qweight, scales, pqs
+
+
+@pytest.mark.parametrize("tactic", tw.W4A16_TACTICS, ids=ids(tw.W4A16_TACTICS))
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_w4a16_gemm(tactic, N, K):
+    qweight, scales, pqs = _w4(N, K)
+    b = torch.randn(N, device=DEV, dtype=BF16)
+    fn = tw.make_w4a16_linear(tactic)
+    for T in TS:
+        x = torch.randn(T, K, device=DEV, dtype=BF16)
+        for bias in (None, b):
+            ref = qref.w4a16_linear(x, qweight, scales, pqs, 128, None, bias)
+            out = torch.full((T, N), float("nan"), device=DEV, dtype=BF16)
+            assert fn(x, qweight, scales, pqs, 128, None, bias, out=out) is out
+            assert rel_err(out, ref) < W4_TOL, (T, bias is not None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_w4a16_other_dtypes_and_fallbacks(dtype):
+    N, K = 4096, 4096
+    qweight, scales, pqs = _w4(N, K, dtype)
+    fn = tw.make_w4a16_linear(None)
+    for T in (1, 2, 33):
+        x = torch.randn(T, K, device=DEV, dtype=dtype)
+        ref = qref.w4a16_linear(x, qweight, scales, pqs, 128)
+        assert rel_err(fn(x, qweight, scales, pqs, 128), ref) < W4_TOL
+        assert rel_err(fn(x, qweight, scales, None, 128), qref.w4a16_linear(
+            x, qweight, scales, None, 128)) < W4_TOL  # fmt: skip
+    zeros = torch.full_like(scales, 8, dtype=torch.int32)  # asymmetric: the reference path
+    x = torch.randn(3, K, device=DEV, dtype=dtype)
+    ref = qref.w4a16_linear(x, qweight, scales, pqs, 128, zeros)
+    assert rel_err(fn(x, qweight, scales, pqs, 128, zeros), ref) < W4_TOL
+
+
+def test_w4a16_cuda_graph():
+    N, K = 6144, 4096
+    qweight, scales, pqs = _w4(N, K)
+    fn = tw.make_w4a16_linear(None)
+    x = torch.randn(1, K, device=DEV, dtype=BF16)
+    out = torch.empty(1, N, device=DEV, dtype=BF16)
+    fn(x, qweight, scales, pqs, 128, out=out)  # warm-up compiles outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x, qweight, scales, pqs, 128, out=out)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    g.replay()
+    assert rel_err(out, qref.w4a16_linear(x, qweight, scales, pqs, 128)) < W4_TOL
+
+
+# --------------------------------------------------------------------------- FP8 KV cache
+
+HQ, HKV, HD, BS = 32, 8, 128, 16
+K_SCALE, V_SCALE = 6.0 / 448, 3.0 / 448
+
+
+def _fp8_cache(ctx: list[int], dtype=BF16):
+    B = len(ctx)
+    width = -(-max(ctx) // BS)
+    nb = B * width + 3
+    bt = torch.randperm(nb, device=DEV)[: B * width].reshape(B, width).int()
+    kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
+    vc = torch.zeros_like(kc)
+    sc = {
+        "k_scale": torch.tensor(K_SCALE, device=DEV),
+        "v_scale": torch.tensor(V_SCALE, device=DEV),
+    }
+    for b in range(B):
+        t = torch.arange(ctx[b], device=DEV)
+        slots = (bt[b, t // BS].long() * BS + t % BS).int()
+        k = torch.randn(ctx[b], HKV, HD, device=DEV, dtype=dtype)
+        v = torch.randn(ctx[b], HKV, HD, device=DEV, dtype=dtype)
+        attn_ref.write_kv(k, v, kc, vc, slots, **sc)
+    return kc, vc, bt, torch.tensor(ctx, device=DEV).int(), sc
+
+
+@needs_fp8
+@pytest.mark.parametrize("tactic", kvw.KV_WRITE_TACTICS, ids=ids(kvw.KV_WRITE_TACTICS))
+def test_fp8_kv_write_bit_exact(tactic):
+    T, nb = 300, 64
+    k = torch.randn(T, HKV, HD, device=DEV, dtype=BF16) * 3
+    v = torch.randn(T, HKV, HD, device=DEV, dtype=BF16)
+    slots = torch.randperm(nb * BS, device=DEV)[:T].int()
+    sc = {
+        "k_scale": torch.tensor(K_SCALE, device=DEV),
+        "v_scale": torch.tensor(V_SCALE, device=DEV),
+    }
+    kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
+    vc = torch.zeros_like(kc)
+    kc_r, vc_r = kc.clone(), vc.clone()
+    attn_ref.write_kv(k, v, kc_r, vc_r, slots, **sc)
+    kvw.make_write_kv(tactic)(k, v, kc, vc, slots, **sc)
+    assert same_bits(kc, kc_r) and same_bits(vc, vc_r)
+
+
+@needs_fp8
+@pytest.mark.parametrize("tactic", dec.DECODE_TACTICS, ids=ids(dec.DECODE_TACTICS))
+def test_fp8_decode(tactic):
+    ctx = [1, 17, 300, 1100, 64]
+    kc, vc, bt, cl, sc = _fp8_cache(ctx)
+    q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
+    qsl = torch.arange(len(ctx) + 1, device=DEV).int()
+    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    out = torch.full_like(q, float("nan"))
+    dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **sc)
+    assert rel_err(out, ref) < FP8_TOL
+
+
+@needs_fp8
+@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+def test_fp8_prefill(tactic):
+    new, ctx = [300, 1, 77], [300, 40, 500]  # a prompt, a decode row, a chunk after a prefix
+    kc, vc, bt, cl, sc = _fp8_cache(ctx)
+    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
+    q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
+    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    out = torch.full_like(q, float("nan"))
+    pf.make_prefill_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **sc)
+    assert rel_err(out, ref) < FP8_TOL
+    out2 = dec.make_paged_attention(None)(
+        q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **sc
+    )
+    assert rel_err(out2, ref) < FP8_TOL

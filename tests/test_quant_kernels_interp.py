@@ -1,0 +1,249 @@
+"""Quantized GPU kernels (FP8 quantize/GEMM, W4A16, FP8 KV cache attention) against their CPU
+references, run on the CPU by Triton's interpreter.
+
+NOTE: TRITON_INTERPRET is read when a `@triton.jit` kernel module is imported, so it must not
+leak into the rest of the suite (other modules import the same kernels for the AOT dry run).
+In the suite, the one test below re-runs this module in a fresh process with the interpreter
+on; there (TRITON_INTERPRET=1) the real checks are collected. The interpreter's bf16 `tl.dot`
+multiplies raw bits (numpy), so dot paths are checked in fp16/fp32 here and in bf16 on the GPU
+(tests/test_gpu_quant.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+
+    def test_quant_kernels_in_the_triton_interpreter():
+        pytest.importorskip("triton")
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+else:
+    import torch
+
+    from ingot.plugins.activation import reference as act_ref
+    from ingot.plugins.attention import reference as attn_ref
+    from ingot.plugins.attention import triton_decode as dec
+    from ingot.plugins.attention import triton_kv_write as kvw
+    from ingot.plugins.attention import triton_prefill as pf
+    from ingot.plugins.norm import reference as norm_ref
+    from ingot.plugins.quant import cuda_fp8
+    from ingot.plugins.quant import reference as qref
+    from ingot.plugins.quant import triton_quantize as tq
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    F8 = torch.float8_e4m3fn
+
+    def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+        out, ref = out.double(), ref.double()
+        assert not torch.isnan(out).any(), "NaN in output (unwritten element or bad masking)"
+        return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+    def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype == F8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+    # ------------------------------------------------------------------ FP8 quantize and GEMM
+
+    def _hard_values() -> torch.Tensor:
+        """Every finite fp8 value, the midpoints between neighbours (ties) and their fp32
+        neighbours, subnormals, values past 448, and plain random data."""
+        grid = torch.arange(256, dtype=torch.uint8).view(F8).float()
+        grid = grid[~grid.isnan()].unique().sort().values
+        mids = (grid[1:] + grid[:-1]) / 2
+        up, down = mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9))
+        rnd = torch.cat([torch.randn(500) * 100, torch.randn(300) * 1e-3, torch.randn(200) * 1e3])
+        return torch.cat([grid, mids, up, down, rnd, torch.tensor([-0.0, 0.0, 500.0, -1e6])])
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("scale", [1.0, 0.37, 3.5])
+    def test_quantize_fp8_bit_exact(dtype, scale):
+        torch.manual_seed(0)
+        v = _hard_values()
+        x = v[: v.numel() // 101 * 101].to(dtype).reshape(-1, 101)  # odd row length
+        s = torch.tensor(scale)
+        for tactic in tq.QUANTIZE_TACTICS:
+            out = tq.quantize_fp8(x, s, tactic=tactic)
+            assert same_bits(out, qref.quantize_fp8(x, s)), tactic.name
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    @pytest.mark.parametrize("residual", [False, True])
+    def test_rms_norm_quant_fp8(dtype, residual):
+        torch.manual_seed(1)
+        x, r = torch.randn(5, 96).to(dtype), torch.randn(5, 96).to(dtype)
+        w = (1 + 0.1 * torch.randn(96)).to(dtype)
+        s = torch.tensor(0.02)
+        if residual:
+            out, new_r = tq.rms_norm_quant_fp8(x, w, 1e-5, s, r)
+            ref_n, ref_r = norm_ref.add_rms_norm(x, r, w, 1e-5)
+            assert torch.equal(new_r, ref_r)
+        else:
+            out, ref_n = tq.rms_norm_quant_fp8(x, w, 1e-5, s), norm_ref.rms_norm(x, w, 1e-5)
+        ref = qref.quantize_fp8(ref_n, s)
+        # the norm's sum order may move a value by one ulp of the activation dtype
+        assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
+        assert rel_err(out.float(), ref.float()) < 5e-2
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_swiglu_quant_fp8(dtype):
+        torch.manual_seed(2)
+        x = torch.randn(3, 2 * 77).to(dtype)
+        s = torch.tensor(0.01)
+        out = tq.swiglu_quant_fp8(x, s, block=32)
+        ref = qref.quantize_fp8(act_ref.swiglu(x), s)
+        assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
+        assert rel_err(out.float(), ref.float()) < 5e-2
+
+    @pytest.mark.parametrize("bias", [False, True])
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_fp8_linear(bias, dtype):
+        torch.manual_seed(3)
+        for K, N, T in ((128, 37, 1), (256, 48, 5), (128, 64, 3)):
+            x = torch.randn(T, K).to(dtype)
+            w = torch.randn(N, K) * 0.05
+            w_scale = w.abs().max() / 448
+            weight = qref.quantize_fp8(w, w_scale)
+            in_scale = x.float().abs().max() / 448
+            b = torch.randn(N).to(dtype) if bias else None
+            ref = qref.fp8_linear(x, weight, w_scale, in_scale, b)
+            for tactic in (None, *cuda_fp8.FP8_GEMM_TACTICS):
+                out = cuda_fp8.make_fp8_linear(tactic)(x, weight, w_scale, in_scale, b)
+                assert out.dtype == dtype and rel_err(out, ref.float()) < 5e-2
+            xq = tq.quantize_fp8(x, in_scale)
+            out = cuda_fp8.make_fp8_linear(None)(xq, weight, w_scale, in_scale, b, out_dtype=dtype)
+            assert rel_err(out, ref.float()) < 5e-2
+
+    # ------------------------------------------------------------------ W4A16
+
+    def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):
+        codes = torch.randint(0, 16, (N, K))
+        qweight = qref.pack_int4(codes).t().contiguous()  # [K/8, N]
+        scales = (torch.rand(K // 128, N) * 0.02 + 0.005).to(dtype)
+        p = (torch.rand(K) + 0.5).to(dtype) if pqs else None
+        x = torch.randn(T, K).to(dtype)
+        b = torch.randn(N).to(dtype) if bias else None
+        ref = qref.w4a16_linear(x, qweight, scales, p, 128, None, b)
+        return (x, qweight, scales, p, b), ref
+
+    def _w4_run(args, params, decode):
+        x, qweight, scales, p, b = args
+        out = torch.full((x.shape[0], qweight.shape[1]), float("nan"), dtype=x.dtype)
+        assert tw.kernel_ok(x, qweight, scales, p, 128, None, b, int(params["block_k"]))
+        return tw.launch_w4a16(x, qweight, scales, p, 128, b, out, params, decode)
+
+    @pytest.mark.parametrize("K", [128, 256])
+    @pytest.mark.parametrize("N", [37, 48])
+    @pytest.mark.parametrize("bias", [False, True])
+    def test_w4a16_shapes(K, N, bias):
+        torch.manual_seed(4)
+        dec_p, mm_p = tw.DECODE_TACTICS[0].as_dict(), tw.GEMM_TACTICS[0].as_dict()
+        for T in range(1, 6):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                args, ref = _w4_case(K, N, T, dtype, bias, pqs=T != 2)
+                for p in (dec_p, dict(dec_p, split_k=1)):
+                    assert rel_err(_w4_run(args, p, True), ref) < 1e-2, (T, dtype, p)
+                if dtype != torch.bfloat16:  # interpreter: no bf16 tl.dot (module docstring)
+                    assert rel_err(_w4_run(args, mm_p, False), ref) < 1e-2, (T, dtype)
+
+    @pytest.mark.parametrize("tactic", tw.W4A16_TACTICS, ids=[t.name for t in tw.W4A16_TACTICS])
+    def test_w4a16_tactics(tactic):
+        torch.manual_seed(5)
+        d, m = tw._split_params(tactic)
+        for T in (1, int(d["max_m"]), 5):
+            args, ref = _w4_case(256, 37, T, torch.float16, True)
+            assert rel_err(_w4_run(args, d if T <= d["max_m"] else m, T <= d["max_m"]), ref) < 1e-2
+
+    def test_w4a16_plugin_on_cpu_is_the_reference():
+        args, ref = _w4_case(128, 40, 2, torch.float32, True)
+        x, qweight, scales, p, b = args
+        out = tw.make_w4a16_linear(None)(x, qweight, scales, p, 128, None, b)
+        assert torch.equal(out, ref)
+
+    # ------------------------------------------------------------------ FP8 KV cache
+
+    HQ, HKV, HD, BS, NB = 4, 2, 32, 16, 16
+
+    def _kv_batch(lens_new: list[int], ctx: list[int], dtype, fp8: bool):
+        """Caches filled through the reference write_kv (fp8 with scales, or plain)."""
+        B = len(ctx)
+        perm = torch.randperm(NB)
+        width = -(-max(ctx) // BS)
+        assert B * width <= NB
+        bt = perm[: B * width].reshape(B, width).int()
+        cache_dtype = F8 if fp8 else dtype
+        kc = torch.zeros(NB, BS, HKV, HD, dtype=cache_dtype)
+        vc = torch.zeros_like(kc)
+        k_scale, v_scale = torch.tensor(2.5 / 448), torch.tensor(1.7 / 448)
+        scales = {"k_scale": k_scale, "v_scale": v_scale} if fp8 else {}
+        for b in range(B):
+            t = torch.arange(ctx[b])
+            slots = (bt[b, t // BS].long() * BS + t % BS).int()
+            k, v = torch.randn(ctx[b], HKV, HD).to(dtype), torch.randn(ctx[b], HKV, HD).to(dtype)
+            attn_ref.write_kv(k, v, kc, vc, slots, **scales)
+        qsl = torch.tensor([0, *torch.tensor(lens_new).cumsum(0).tolist()]).int()
+        q = torch.randn(int(qsl[-1]), HQ, HD).to(dtype)
+        return q, kc, vc, bt, torch.tensor(ctx).int(), qsl, scales
+
+    @pytest.mark.parametrize("fp8", [False, True])
+    def test_kv_write(fp8):
+        torch.manual_seed(6)
+        T = 9
+        k, v = torch.randn(T, HKV, HD) * 2, torch.randn(T, HKV, HD)
+        slots = torch.randperm(NB * BS)[:T].int()
+        slots[3] = -1  # a padding token: skipped
+        dt = F8 if fp8 else torch.float32
+        scales = {"k_scale": torch.tensor(0.01), "v_scale": torch.tensor(0.003)} if fp8 else {}
+        kc, vc = torch.zeros(NB, BS, HKV, HD, dtype=dt), torch.zeros(NB, BS, HKV, HD, dtype=dt)
+        kc_r, vc_r = kc.clone(), vc.clone()
+        keep = slots >= 0
+        attn_ref.write_kv(k[keep], v[keep], kc_r, vc_r, slots[keep], **scales)
+        for tactic in kvw.KV_WRITE_TACTICS:
+            kvw.make_write_kv(tactic)(k, v, kc, vc, slots, **scales)
+            if fp8:
+                assert same_bits(kc, kc_r) and same_bits(vc, vc_r)
+            else:
+                assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)
+
+    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    @pytest.mark.parametrize(
+        "tactic", [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[3]], ids=lambda t: t.name
+    )
+    def test_decode_attention(fp8, dtype, tactic):
+        torch.manual_seed(7)
+        ctx = [5, 70, 33]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, dtype, fp8)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        out = torch.full_like(q, float("nan"))
+        dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)
+        tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
+        assert rel_err(out, ref) < tol
+
+    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_prefill_attention(fp8, dtype):
+        torch.manual_seed(8)
+        new, ctx = [7, 1, 20], [7, 30, 45]  # a prompt, a decode row, a chunk after a prefix
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, dtype, fp8)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        params = pf.PREFILL_TACTICS[5]  # m16: several query tiles per sequence
+        out = torch.full_like(q, float("nan"))
+        pf.make_prefill_attention(params)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)
+        tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
+        assert rel_err(out, ref) < tol
+        # the paged_attention entry point: prefill and (one query per sequence) decode
+        fn = dec.make_paged_attention(None)
+        out2 = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **scales)
+        assert rel_err(out2, ref) < tol
