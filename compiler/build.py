@@ -24,7 +24,8 @@ from ingot.plugins import get_spec, target_kind
 from ingot.plugins.quant import GEMM_PLUGIN_OF_MODE, unused_plugins
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
 from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
-from ingot.runtime.engine import EngineConfig, PluginChoice, write_engine_config
+from ingot.runtime.distributed import local_model_config
+from ingot.runtime.engine import EngineConfig, PluginChoice, rank_file_name, write_engine_config
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
 
@@ -121,7 +122,10 @@ def select_plugins(
 
 
 def check_quant_target(target: str, quant: QuantConfig) -> None:
-    """Refuse quantized engines for a target whose kernels do not exist yet (one clear line)."""
+    """Refuse quantized engines for a target their kernels cannot run on (one clear line).
+
+    FP8 (W8A8 weights or the KV cache) needs float8 tensor cores and conversions: SM >= 89.
+    """
     kind = target_kind(target)
     gemm = GEMM_PLUGIN_OF_MODE.get(quant.mode)
     if gemm and kind not in get_spec(gemm).impls:
@@ -130,10 +134,21 @@ def check_quant_target(target: str, quant: QuantConfig) -> None:
             f"(plugin {gemm} has no {kind} implementation)",
             "build with --target cpu",
         )
-    if kind != "cpu" and quant.kv_cache_dtype == "fp8":
+    uses_fp8 = quant.mode == "fp8" or quant.kv_cache_dtype == "fp8"
+    if kind == "cpu" or not uses_fp8:
+        return
+    sm: int | None = None
+    if target.startswith("sm_") and target[3:].isdigit():
+        sm = int(target[3:])
+    elif target == "auto" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        sm = major * 10 + minor
+    if sm is not None and sm < 89:
+        what = "FP8 weights" if quant.mode == "fp8" else "an FP8 KV cache"
         raise ConfigError(
-            f"target {target} is not supported yet for an FP8 KV cache (no GPU kernel)",
-            "build with --target cpu, or convert with --kv-cache-dtype auto",
+            f"target {target} cannot run {what}: FP8 kernels need SM >= 89 (Ada, Hopper or newer)",
+            "build for an sm_89+ GPU or --target cpu, or convert without FP8 "
+            "(--quant int4_awq / --kv-cache-dtype auto)",
         )
 
 
@@ -249,33 +264,38 @@ def build_engine(
         build = resolve_build_config(preset, overrides, model)
         check_fits(model, build)
         check_quant_target(build.target, meta["quant"])
+        tp = meta["tp_size"]
+        if tp > 1 and (meta["quant"].mode != "none" or meta["quant"].kv_cache_dtype != "auto"):
+            raise ConfigError(
+                f"tp_size {tp} is not supported yet for quantized engines",
+                "convert the checkpoint with --tp-size 1",
+            )
         names = list(tensors)
-        weights: dict[str, torch.Tensor] = {}
-        for i, name in enumerate(names):
-            # Quantized weights move into the layout their kernels read (quantize/layout.py).
-            weights[name] = repack_for_engine(meta["quant"], name, tensors[name])
-            if progress:
-                progress("packing weights", i + 1, len(names))
-        weights.update(rope_tables(model, build.max_seq_len))
-        rank = "rank0.engine"
+        weights = _engine_weights(meta, tensors, build, progress)
+        # Tactics and ahead-of-time kernels are sized for one rank's shapes (tp 1: the model).
+        shapes_model = local_model_config(model, tp)
         rank_files: dict[str, str] = {}
         extra = {"torch_version": torch.__version__, "source": meta.get("source", {})}
         if report:
             extra["quant_report"] = report
-        # NOTE: the rank file is written (disk and hashing, both outside the GIL) while the
-        # main thread times tactics and compiles kernels; the two overlap fully.
+        # NOTE: the rank files are written (disk and hashing, both outside the GIL) while the
+        # main thread times tactics and compiles kernels; the two overlap fully. Ranks > 0 are
+        # read, packed and written one after another by the writer thread.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-write") as pool:
-            writing = pool.submit(write_engine_file, tmp / rank, weights)
+            writing = [pool.submit(write_engine_file, tmp / rank_file_name(0), weights)]
+            writing += [
+                pool.submit(_write_rank, Path(checkpoint_dir), r, tmp, build) for r in range(1, tp)
+            ]
             try:
                 with kernel_cache(build.target) as cache_dir:
                     plugins = select_plugins(
-                        build.target, model, build, progress, tactics, meta["quant"]
+                        build.target, shapes_model, build, progress, tactics, meta["quant"]
                     )
                     if target_kind(build.target) == "cuda":
                         extra.update(
                             write_kernels(
                                 tmp,
-                                model,
+                                shapes_model,
                                 meta["quant"],
                                 build,
                                 plugins,
@@ -286,7 +306,8 @@ def build_engine(
                             )
                         )
             finally:
-                rank_files[rank] = writing.result()
+                for r, future in enumerate(writing):
+                    rank_files[rank_file_name(r)] = future.result()
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
@@ -298,7 +319,29 @@ def build_engine(
             build=build,
             plugins=plugins,
             rank_files=dict(sorted(rank_files.items())),
+            tp_size=tp,
             extra=extra,
         )
         write_engine_config(tmp, cfg)
     return Path(output_dir)
+
+
+def _engine_weights(
+    meta: dict[str, Any], tensors, build: BuildConfig, progress: Progress | None = None
+) -> dict[str, torch.Tensor]:
+    """One rank's engine tensors: checkpoint tensors in their kernels' layout + RoPE tables."""
+    names = list(tensors)
+    weights: dict[str, torch.Tensor] = {}
+    for i, name in enumerate(names):
+        # Quantized weights move into the layout their kernels read (quantize/layout.py).
+        weights[name] = repack_for_engine(meta["quant"], name, tensors[name])
+        if progress:
+            progress("packing weights", i + 1, len(names))
+    weights.update(rope_tables(meta["model"], build.max_seq_len))
+    return weights
+
+
+def _write_rank(checkpoint_dir: Path, rank: int, out: Path, build: BuildConfig) -> str:
+    """tp: read, check and pack rank `rank`'s checkpoint file into its engine file; sha256."""
+    meta, tensors = load_checkpoint(checkpoint_dir, rank=rank)
+    return write_engine_file(out / rank_file_name(rank), _engine_weights(meta, tensors, build))

@@ -76,7 +76,8 @@ def engine_launches(
         raise ConfigError(
             f"target {build.target} cannot run this engine yet: {e}", "build with --target cpu"
         ) from None
-    kv = KVCache(model, 4, build.tokens_per_block, dtype, torch.device("meta"))
+    kv_dtype = torch.float8_e4m3fn if quant.kv_cache_dtype == "fp8" else dtype
+    kv = KVCache(model, 4, build.tokens_per_block, kv_dtype, torch.device("meta"))
     width = -(-build.max_seq_len // build.tokens_per_block)
     batches: list[tuple[list[int], int]] = [
         ([1] * b, build.max_seq_len) for b in batch_buckets(build.max_batch_size)

@@ -89,11 +89,24 @@ def test_max_kl_without_a_report(hf, tmp_path):
     assert not (tmp_path / "e").exists()
 
 
-def test_quantized_engine_for_a_gpu_target_is_refused(ckpts, tmp_path):
+def test_fp8_engine_for_a_gpu_without_fp8_is_refused(ckpts, tmp_path):
     r = invoke("build-engine", "--checkpoint-dir", ckpts["fp8"], "--output-dir",
-                tmp_path / "e", "--target", "sm_90")  # fmt: skip
-    assert_one_line_error(r, "sm_90", "not supported yet", "--target cpu")
+                tmp_path / "e", "--target", "sm_80")  # fmt: skip
+    assert_one_line_error(r, "SM >= 89")
     assert not (tmp_path / "e").exists()
+
+
+def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
+    pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
+    for mode in ("fp8", "int4_awq"):
+        out = tmp_path / mode
+        r = invoke("build-engine", "--checkpoint-dir", ckpts[mode], "--output-dir", out,
+                   "--target", "sm_90", "--tactics", "default")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        d = json.loads((out / "config.json").read_text())
+        names = {p["name"] for p in d["plugins"]}
+        assert ("fp8_gemm" if mode == "fp8" else "w4a16_gemm") in names
+        assert d["extra"]["kernels"] > 0 and (out / "kernels.bin").is_file()
 
 
 def _convert(hf: Path, out: Path, *args):
