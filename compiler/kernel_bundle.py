@@ -4,8 +4,8 @@ each for the target SM and pack them into the rank file (`ingot.plugins.aot`).
 The launches are found by a dry run of the decoder on the `meta` device with the engine's
 chosen plugins: Triton launches are recorded (dtype, alignment and integer classes are all
 the JIT specializes on) instead of run, so this works without a GPU (cross-build). The dry run
-covers the batch shapes the runtime uses: every decode bucket of the CUDA graphs, and prefill
-batches whose token counts hit each integer class (1, multiple of 16, other).
+covers the batch shapes the runtime uses: every decode and prefill bucket of the CUDA graphs,
+and eager prefill batches whose token counts hit each integer class (1, multiple of 16, other).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
-from ingot.runtime.cuda_graphs import batch_buckets
+from ingot.runtime.cuda_graphs import batch_buckets, prefill_buckets
 from ingot.runtime.engine import EngineConfig, PluginChoice
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.kv_cache import KVCache
@@ -46,7 +46,9 @@ def recorded_launches() -> Iterator[list]:
         JITFunction.run = original
 
 
-def _meta_batch(lens_new: list[int], width: int, max_ctx: int) -> AttnMetadata:
+def _meta_batch(
+    lens_new: list[int], width: int, max_ctx: int, max_query_len: int | None = None
+) -> AttnMetadata:
     i32 = dict(dtype=torch.int32, device="meta")
     b, t = len(lens_new), sum(lens_new)
     return AttnMetadata(
@@ -55,7 +57,7 @@ def _meta_batch(lens_new: list[int], width: int, max_ctx: int) -> AttnMetadata:
         context_lens=torch.empty(b, **i32),
         query_start_loc=torch.empty(b + 1, **i32),
         max_context_len=max_ctx,
-        max_query_len=max(lens_new),
+        max_query_len=max_query_len or max(lens_new),
     )
 
 
@@ -79,17 +81,20 @@ def engine_launches(
     kv_dtype = torch.float8_e4m3fn if quant.kv_cache_dtype == "fp8" else dtype
     kv = KVCache(model, 4, build.tokens_per_block, kv_dtype, torch.device("meta"))
     width = -(-build.max_seq_len // build.tokens_per_block)
-    batches: list[tuple[list[int], int]] = [
-        ([1] * b, build.max_seq_len) for b in batch_buckets(build.max_batch_size)
+    table_tokens = width * build.tokens_per_block
+    batches: list[tuple[list[int], int, int | None]] = [
+        ([1] * b, build.max_seq_len, None) for b in batch_buckets(build.max_batch_size)
     ]
     for t in PREFILL_TOKENS:
         if t <= build.max_num_tokens:
-            batches.append(([t], t))  # one prompt
-            batches.append(([t, 1], t + 1))  # a chunk beside a decode
+            batches.append(([t], t, None))  # one prompt
+            batches.append(([t, 1], t + 1, None))  # a chunk beside a decode
+    for b in prefill_buckets(build.max_num_tokens):
+        batches.append(([1, b - 1], table_tokens, b))  # a captured prefill graph (+ padding)
     with recorded_launches() as specs:
-        for new, max_ctx in batches:
+        for new, max_ctx, max_q in batches:
             t = sum(new)
-            meta = _meta_batch(new, width, max_ctx)
+            meta = _meta_batch(new, width, max_ctx, max_q)
             ids = torch.empty(t, dtype=torch.int32, device="meta")
             hidden = decoder.forward(ids, ids, meta, kv)
             decoder.logits(hidden[: len(new)])

@@ -8,6 +8,7 @@ one copy; the graph also takes the argmax, so a greedy step reads back B integer
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .kv_cache import KVCache
@@ -41,7 +42,7 @@ class DecodeGraphs:
         n, w = max_batch_size, max_blocks_per_seq
         # one int32 buffer: ids | positions | slots | context lens | block tables [n, w]
         size = 4 * n + n * w
-        self.host = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        self.host = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.dev = torch.empty(size, dtype=torch.int32, device=device)
         h = self.host.numpy()
         self.h_ids, self.h_pos, self.h_slots, self.h_ctx = (
@@ -117,3 +118,131 @@ class DecodeGraphs:
         self.dev.copy_(self.host, non_blocking=True)
         self.graphs[bucket].replay()
         return self.logits[bucket][:b], self.greedy[bucket][:b]
+
+
+def prefill_buckets(max_num_tokens: int, largest: int = 512) -> list[int]:
+    """Token counts of the captured single-prompt prefill graphs: 16, 32, ... up to `largest`."""
+    sizes, t = [], 16
+    while t <= min(largest, max_num_tokens):
+        sizes.append(t)
+        t *= 2
+    return sizes
+
+
+class PrefillGraphs:
+    """Captured prefill of one sequence's chunk of up to `buckets[-1]` tokens (the time to first
+    token of a lone short prompt is launch-bound when run op by op from Python).
+
+    The step runs as two sequences: the real chunk, and a padding sequence that fills the
+    bucket, writing to and reading from the scratch block only.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        kv: KVCache,
+        buckets: list[int],
+        max_blocks_per_seq: int,
+        device: torch.device,
+    ) -> None:
+        self.decoder, self.kv, self.buckets = decoder, kv, buckets
+        n, w = buckets[-1], max_blocks_per_seq
+        # one int32 buffer: ids | positions | slots [n] | ctx [2] | qsl [3] | last [1] | tables [2, w]
+        size = 3 * n + 6 + 2 * w
+        self.host = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.dev = torch.empty(size, dtype=torch.int32, device=device)
+        h, d = self.host.numpy(), self.dev
+        cut = [0, n, 2 * n, 3 * n, 3 * n + 2, 3 * n + 5, 3 * n + 6]
+        self.h = [h[a:b] for a, b in zip(cut, cut[1:], strict=False)] + [h[cut[-1] :].reshape(2, w)]
+        self.d = [d[a:b] for a, b in zip(cut, cut[1:], strict=False)] + [d[cut[-1] :].view(2, w)]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fill(
+            1,
+            0,
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            np.zeros(w, np.int32),
+            buckets[-1],
+        )
+        self.dev.copy_(self.host)
+        self._capture_all()
+
+    def _fill(self, t: int, ctx: int, ids, pos, slots, table, bucket: int) -> None:
+        h_ids, h_pos, h_slots, h_ctx, h_qsl, h_last, h_tables = self.h
+        scratch = self.kv.scratch_block
+        pad = bucket - t
+        h_ids[:t], h_pos[:t], h_slots[:t] = ids, pos, slots
+        h_ids[t:], h_pos[t:] = 0, 0
+        h_slots[t:] = scratch * self.kv.tokens_per_block
+        h_ctx[:] = (ctx, max(pad, 1))
+        h_qsl[:] = (0, t, bucket)
+        h_last[0] = t - 1
+        h_tables[0] = table
+        h_tables[1] = scratch
+
+    def _run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, pos, slots, ctx, qsl, last, tables = self.d
+        meta = AttnMetadata(
+            slots[:bucket], tables, ctx, qsl, tables.shape[1] * self.kv.tokens_per_block, bucket
+        )
+        hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv)
+        logits = self.decoder.logits(hidden.index_select(0, last))
+        return logits, logits.argmax(dim=-1)
+
+    def _fill_dummy(self, bucket: int) -> None:
+        """A one-token "prompt" that lives in the scratch block, padded to `bucket`."""
+        scratch, w = self.kv.scratch_block, self.h[-1].shape[1]
+        self._fill(
+            1,
+            1,
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            np.full(1, scratch * self.kv.tokens_per_block, np.int32),
+            np.full(w, scratch, np.int32),
+            bucket,
+        )
+        self.dev.copy_(self.host)
+
+    def _capture_all(self) -> None:
+        pool = None
+        for b in reversed(self.buckets):
+            # NOTE: the warm-up really runs, so the inputs must describe this bucket.
+            self._fill_dummy(b)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self._run(b)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.out[b] = self._run(b)
+            pool = g.pool()
+            self.graphs[b] = g
+        torch.cuda.synchronize()
+
+    def can_run(self, plan) -> bool:
+        return (
+            plan.num_seqs == 1
+            and plan.num_prefill == 1
+            and bool(plan.samples[0])
+            and plan.num_tokens <= self.buckets[-1]
+        )
+
+    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-sequence prefill plan -> (float32 logits [1, V], argmax [1])."""
+        t = plan.num_tokens
+        bucket = next(x for x in self.buckets if x >= t)
+        self._fill(
+            t,
+            int(plan.context_lens[0]),
+            plan.input_ids,
+            plan.positions,
+            plan.slot_mapping,
+            plan.block_tables[0],
+            bucket,
+        )
+        self.dev.copy_(self.host, non_blocking=True)
+        self.graphs[bucket].replay()
+        return self.out[bucket]

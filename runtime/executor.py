@@ -94,18 +94,19 @@ class Executor:
                 enable_prefix_reuse=enable_prefix_reuse,
             )
         )
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         if cuda_graphs and self.device.type == "cuda" and comm is None:
-            from .cuda_graphs import DecodeGraphs
+            from .cuda_graphs import DecodeGraphs, PrefillGraphs, prefill_buckets
 
+            width = self.scheduler.config.max_blocks_per_seq
             self.graphs = DecodeGraphs(
-                self.decoder,
-                self.kv,
-                b.max_batch_size,
-                self.scheduler.config.max_blocks_per_seq,
-                b.max_seq_len,
-                self.device,
+                self.decoder, self.kv, b.max_batch_size, width, b.max_seq_len, self.device
             )
+            buckets = prefill_buckets(b.max_num_tokens)
+            if buckets:
+                self.prefill_graphs = PrefillGraphs(
+                    self.decoder, self.kv, buckets, width, self.device
+                )
         engine.wait_verified()
         if comm is not None:
             comm.min_int(0)  # NOTE: a barrier: every rank has loaded and verified its shard
@@ -184,6 +185,9 @@ class Executor:
         and their argmax when a captured graph already computed it."""
         if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
             return self.graphs.run(plan)  # decode: every row samples
+        pg = self.prefill_graphs
+        if pg is not None and pg.can_run(plan) and not self._wants_prompt_logits(plan):
+            return pg.run(plan)  # one prompt's last chunk (time to first token)
         dev = self.device
         qsl = np.asarray(plan.query_start_loc)
 
@@ -202,6 +206,10 @@ class Executor:
         self._keep_prompt_logits(plan, hidden)
         last = torch.from_numpy(qsl[rows + 1] - 1).to(dev)
         return self.decoder.logits(hidden[last.long()]), None
+
+    def _wants_prompt_logits(self, plan) -> bool:
+        seq_ids = np.asarray(plan.seq_ids)
+        return any(self.requests[int(i)].params.return_prompt_logits for i in seq_ids)
 
     def _logits_tp(self, plan, rows: np.ndarray) -> torch.Tensor:
         """tp rank 0: broadcast the step, run it like every rank, keep prompt logits."""

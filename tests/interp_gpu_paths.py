@@ -1,0 +1,115 @@
+"""Run with TRITON_INTERPRET=1 (tests/test_gpu_paths_interp.py does): the GPU engine's code
+paths — the Triton plugins, the decode and prefill CUDA-graph runners with their padding and
+scratch block — executed on the CPU, against the CPU reference engine, token for token.
+
+CUDA graphs cannot exist on the CPU, so capture is replaced by recording: `replay()` re-runs
+the captured call into the captured output tensors. Everything else is the real code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import ingot.runtime.cuda_graphs as cg
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.fn = None
+
+    def replay(self) -> None:
+        self.fn()
+
+    def pool(self):
+        return None
+
+
+def _capture(runner, buckets, run, outputs, prepare=None) -> None:
+    for b in reversed(buckets):
+        if prepare:
+            prepare(b)
+        first = run(b)
+        outputs[b] = tuple(x.clone() for x in first)
+        g = _Recorded()
+
+        def again(b=b):
+            for dst, src in zip(outputs[b], run(b), strict=True):
+                dst.copy_(src)
+
+        g.fn = again
+        runner.graphs[b] = g
+
+
+def _decode_capture(self) -> None:
+    self._pad_rows(0)
+    self.dev.copy_(self.host)
+    out: dict = {}
+    _capture(self, self.buckets, self._run, out)
+    for b, (logits, greedy) in out.items():
+        self.logits[b], self.greedy[b] = logits, greedy
+
+
+def _prefill_capture(self) -> None:
+    _capture(self, self.buckets, self._run, self.out, self._fill_dummy)
+
+
+def main(family: str) -> None:
+    from ingot.compiler.build import build_engine
+    from ingot.compiler.convert import convert_checkpoint
+    from ingot.compiler.examples import make_tiny_hf_model
+    from ingot.compiler.tactic_select import default_choices
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.executor import Executor
+    from ingot.runtime.types import SamplingParams
+
+    cg.DecodeGraphs._capture_all = _decode_capture
+    cg.PrefillGraphs._capture_all = _prefill_capture
+    root = Path(tempfile.mkdtemp())
+    hf = make_tiny_hf_model(family, root / "hf", seed=5)
+    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
+    build = {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 64, "tokens_per_block": 16}
+    cpu = load_engine(build_engine(ckpt, root / "cpu", target="cpu", overrides=build))
+    m = cpu.config.model
+    # the same weights, bound to the GPU plugins (default tactics) instead of the references
+    gpu_cfg = dataclasses.replace(
+        cpu.config,
+        build=dataclasses.replace(cpu.config.build, target="sm_90"),
+        plugins=tuple(default_choices("sm_90", m)),
+    )
+    gpu = dataclasses.replace(cpu, config=gpu_cfg)
+    g = torch.Generator().manual_seed(5)
+    prompts = [
+        torch.randint(3, m.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 17, 30, 41, 64)
+    ]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    ref = [r.output_ids for r in Executor(cpu).generate(prompts, params)]
+
+    ex = Executor(gpu, device=torch.device("cpu"), num_kv_blocks=64)
+    width = ex.scheduler.config.max_blocks_per_seq
+    ex.graphs = cg.DecodeGraphs(ex.decoder, ex.kv, 8, width, 256, torch.device("cpu"))
+    ex.prefill_graphs = cg.PrefillGraphs(
+        ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu")
+    )
+    used = {"decode": 0, "prefill": 0}
+    for name, runner in (("decode", ex.graphs), ("prefill", ex.prefill_graphs)):
+
+        def counted(plan, _run=runner.run, _name=name):
+            used[_name] += 1
+            return _run(plan)
+
+        runner.run = counted
+    batched = [r.output_ids for r in ex.generate(prompts, params)]
+    alone = [ex.generate([p], params)[0].output_ids for p in prompts[:3]]
+    assert batched == ref, (batched, ref)
+    assert alone == ref[:3], (alone, ref[:3])
+    assert used["decode"] > 0 and used["prefill"] >= 3, used
+    print("ok", family, used)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

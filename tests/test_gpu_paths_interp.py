@@ -1,0 +1,25 @@
+"""The GPU engine's code paths (Triton plugins, decode and prefill graph runners) on the CPU,
+through Triton's interpreter, against the CPU reference engine. Runs in CI (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_gpu_code_paths_match_the_cpu_engine(family):
+    # NOTE: a subprocess: TRITON_INTERPRET must be set before any kernel module is imported.
+    script = Path(__file__).with_name("interp_gpu_paths.py")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, str(script), family], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert f"ok {family}" in r.stdout
