@@ -17,7 +17,7 @@ def inspect_engine_cmd(
     from ingot.runtime.engine_format import EngineFile
 
     cfg = read_engine_config(engine_dir)
-    verify_rank_files(engine_dir, cfg)
+    verify_rank_files(engine_dir, cfg, full=True)
     if as_json:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         return

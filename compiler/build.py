@@ -275,6 +275,7 @@ def build_engine(
         # Tactics and ahead-of-time kernels are sized for one rank's shapes (tp 1: the model).
         shapes_model = local_model_config(model, tp)
         rank_files: dict[str, str] = {}
+        rank_chunks: dict[str, list[str]] = {}
         extra = {"torch_version": torch.__version__, "source": meta.get("source", {})}
         if report:
             extra["quant_report"] = report
@@ -282,7 +283,7 @@ def build_engine(
         # main thread times tactics and compiles kernels; the two overlap fully. Ranks > 0 are
         # read, packed and written one after another by the writer thread.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-write") as pool:
-            writing = [pool.submit(write_engine_file, tmp / rank_file_name(0), weights)]
+            writing = [pool.submit(_write_file, tmp / rank_file_name(0), weights)]
             writing += [
                 pool.submit(_write_rank, Path(checkpoint_dir), r, tmp, build) for r in range(1, tp)
             ]
@@ -307,7 +308,8 @@ def build_engine(
                         )
             finally:
                 for r, future in enumerate(writing):
-                    rank_files[rank_file_name(r)] = future.result()
+                    name = rank_file_name(r)
+                    rank_files[name], rank_chunks[name] = future.result()
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
@@ -319,6 +321,7 @@ def build_engine(
             build=build,
             plugins=plugins,
             rank_files=dict(sorted(rank_files.items())),
+            rank_chunks=rank_chunks,
             tp_size=tp,
             extra=extra,
         )
@@ -341,7 +344,15 @@ def _engine_weights(
     return weights
 
 
-def _write_rank(checkpoint_dir: Path, rank: int, out: Path, build: BuildConfig) -> str:
-    """tp: read, check and pack rank `rank`'s checkpoint file into its engine file; sha256."""
+def _write_file(path: Path, weights: dict[str, torch.Tensor]) -> tuple[str, list[str]]:
+    """Write one rank file; (whole-file sha256, per-chunk sha256s)."""
+    chunks: list[str] = []
+    return write_engine_file(path, weights, chunk_digests=chunks), chunks
+
+
+def _write_rank(
+    checkpoint_dir: Path, rank: int, out: Path, build: BuildConfig
+) -> tuple[str, list[str]]:
+    """tp: read, check and pack rank `rank`'s checkpoint file into its engine file."""
     meta, tensors = load_checkpoint(checkpoint_dir, rank=rank)
-    return write_engine_file(out / rank_file_name(rank), _engine_weights(meta, tensors, build))
+    return _write_file(out / rank_file_name(rank), _engine_weights(meta, tensors, build))

@@ -21,6 +21,7 @@ from ingot.plugins import get_spec
 from .config import BuildConfig, ModelConfig, QuantConfig
 from .engine_format import EngineFile
 from .errors import EngineError
+from .integrity import CHUNK_BYTES, chunks_match
 from .version import ENGINE_FORMAT_VERSION, INGOT_VERSION
 
 ENGINE_FORMAT = "ingot-engine"
@@ -66,6 +67,8 @@ class EngineConfig:
     build: BuildConfig
     plugins: tuple[PluginChoice, ...]
     rank_files: dict[str, str]
+    # per rank file: sha256 of each CHUNK_BYTES chunk, so loading verifies on all cores
+    rank_chunks: dict[str, list[str]] | None = None
     tp_size: int = 1
     ingot_version: str = INGOT_VERSION
     format_version: int = ENGINE_FORMAT_VERSION
@@ -87,6 +90,7 @@ class EngineConfig:
             "build": self.build.to_dict(),
             "plugins": [p.to_dict() for p in self.plugins],
             "rank_files": self.rank_files,
+            "rank_chunks": {"chunk_bytes": CHUNK_BYTES, "files": self.rank_chunks or {}},
             "extra": self.extra or {},
         }
 
@@ -98,6 +102,7 @@ class EngineConfig:
             build=BuildConfig.from_dict(d["build"]),
             plugins=tuple(PluginChoice(**p) for p in d["plugins"]),
             rank_files=dict(d["rank_files"]),
+            rank_chunks=_chunks_from(d.get("rank_chunks")),
             tp_size=int(d.get("tp_size", 1)),
             ingot_version=d["ingot_version"],
             format_version=int(d["format_version"]),
@@ -153,9 +158,20 @@ def rank_file_name(rank: int) -> str:
     return f"rank{rank}.engine"
 
 
-def verify_rank_files(engine_dir: Path, cfg: EngineConfig, rank: int | None = None) -> None:
-    """Raise EngineError if a rank file is missing or its sha256 differs from the config.
-    rank: check only that rank's file (and the shared ones, e.g. kernels.bin); None: all."""
+def _chunks_from(d: dict[str, Any] | None) -> dict[str, list[str]] | None:
+    """Chunk digests are only usable when they were made with this reader's chunk size."""
+    if not d or d.get("chunk_bytes") != CHUNK_BYTES:
+        return None
+    return {name: list(digests) for name, digests in d.get("files", {}).items()}
+
+
+def verify_rank_files(
+    engine_dir: Path, cfg: EngineConfig, rank: int | None = None, full: bool = False
+) -> None:
+    """Raise EngineError if a rank file is missing or its checksum differs from the config.
+    rank: check only that rank's file (and the shared ones, e.g. kernels.bin); None: all.
+    full: the whole-file sha256 (one core); otherwise the per-chunk digests where the engine
+    has them (every core; the same bytes either way)."""
     expected = {rank_file_name(r) for r in range(cfg.tp_size)}
     missing = sorted(expected - cfg.rank_files.keys())
     if missing:
@@ -168,7 +184,9 @@ def verify_rank_files(engine_dir: Path, cfg: EngineConfig, rank: int | None = No
         path = Path(engine_dir) / name
         if not path.is_file():
             raise EngineError(f"engine rank file {name} is missing", REBUILD)
-        if sha256_file(path) != digest:
+        chunks = (cfg.rank_chunks or {}).get(name)
+        ok = chunks_match(path, chunks) if chunks and not full else sha256_file(path) == digest
+        if not ok:
             raise EngineError(
                 f"engine rank file {name} fails its checksum (altered or corrupt)", REBUILD
             )

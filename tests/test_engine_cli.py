@@ -65,6 +65,7 @@ def test_build_records_everything_and_inspect_verifies(engine):
     assert d["build"]["max_batch_size"] == 8  # from the preset
     assert {p["name"] for p in d["plugins"]} >= {"paged_attention", "rms_norm", "rope", "gemm"}
     assert set(d["rank_files"]) == {"rank0.engine"} and len(d["rank_files"]["rank0.engine"]) == 64
+    assert len(d["rank_chunks"]["files"]["rank0.engine"]) >= 1  # chunk digests for fast loads
     assert (engine / "tokenizer" / "tokenizer_config.json").is_file()
     r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
