@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
 
 import ingot.runtime.cuda_graphs as cg
 

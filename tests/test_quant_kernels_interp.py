@@ -33,6 +33,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 else:
     import torch
+    import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
 
     from ingot.plugins.activation import reference as act_ref
     from ingot.plugins.attention import reference as attn_ref
