@@ -8,6 +8,8 @@ one copy; the graph also takes the argmax, so a greedy step reads back B integer
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -23,6 +25,37 @@ def batch_buckets(max_batch_size: int) -> list[int]:
         sizes.append(b)
         b = b + 8 if b < 64 else b * 2
     return sizes + [max_batch_size]
+
+
+def capture_graphs(
+    buckets: list[int],
+    run: Callable[[int], tuple[torch.Tensor, ...]],
+    prepare: Callable[[int], None] | None = None,
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, tuple[torch.Tensor, ...]]]:
+    """One graph of `run(b)` per bucket, and the tensors each graph writes its results to.
+
+    Largest bucket first, so the smaller graphs reuse its memory pool. `prepare(b)` runs before
+    each bucket's warm-up, which really executes, so the static inputs must be valid for it.
+    """
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+    pool = None
+    for b in reversed(buckets):
+        if prepare is not None:
+            prepare(b)
+        # NOTE: warm-up outside capture: kernels load here, never inside the capture.
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run(b)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outputs[b] = run(b)
+        pool = g.pool()
+        graphs[b] = g
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 class DecodeGraphs:
@@ -54,7 +87,6 @@ class DecodeGraphs:
         self.tables = d[4 * n :].view(n, w)
         self.qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self._capture_all()
@@ -86,20 +118,9 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         self._pad_rows(0)
         self.dev.copy_(self.host)
-        pool = None
-        for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its pool
-            # NOTE: warm-up outside capture: kernels load here, never inside the capture.
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self._run(b)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.logits[b], self.greedy[b] = self._run(b)
-            pool = g.pool()
-            self.graphs[b] = g
-        torch.cuda.synchronize()
+        self.graphs, outputs = capture_graphs(self.buckets, self._run)
+        for b, (logits, greedy) in outputs.items():
+            self.logits[b], self.greedy[b] = logits, greedy
 
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.buckets[-1]
@@ -206,21 +227,7 @@ class PrefillGraphs:
         self.dev.copy_(self.host)
 
     def _capture_all(self) -> None:
-        pool = None
-        for b in reversed(self.buckets):
-            # NOTE: the warm-up really runs, so the inputs must describe this bucket.
-            self._fill_dummy(b)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self._run(b)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.out[b] = self._run(b)
-            pool = g.pool()
-            self.graphs[b] = g
-        torch.cuda.synchronize()
+        self.graphs, self.out = capture_graphs(self.buckets, self._run, self._fill_dummy)
 
     def can_run(self, plan) -> bool:
         return (

@@ -20,43 +20,29 @@ import ingot.runtime.cuda_graphs as cg
 
 
 class _Recorded:
-    def __init__(self) -> None:
-        self.fn = None
+    def __init__(self, fn) -> None:
+        self.fn = fn
 
     def replay(self) -> None:
         self.fn()
 
-    def pool(self):
-        return None
 
-
-def _capture(runner, buckets, run, outputs, prepare=None) -> None:
+def _record_graphs(buckets, run, prepare=None):
+    """Stands in for cuda_graphs.capture_graphs: `replay()` re-runs the call into the same
+    output tensors, as a graph replay writes into its captured outputs."""
+    graphs, outputs = {}, {}
     for b in reversed(buckets):
-        if prepare:
+        if prepare is not None:
             prepare(b)
-        first = run(b)
-        outputs[b] = tuple(x.clone() for x in first)
-        g = _Recorded()
+        outputs[b] = tuple(x.clone() for x in run(b))
 
         def again(b=b):
-            for dst, src in zip(outputs[b], run(b), strict=True):
+            results = run(b)
+            for dst, src in zip(outputs[b], results, strict=True):
                 dst.copy_(src)
 
-        g.fn = again
-        runner.graphs[b] = g
-
-
-def _decode_capture(self) -> None:
-    self._pad_rows(0)
-    self.dev.copy_(self.host)
-    out: dict = {}
-    _capture(self, self.buckets, self._run, out)
-    for b, (logits, greedy) in out.items():
-        self.logits[b], self.greedy[b] = logits, greedy
-
-
-def _prefill_capture(self) -> None:
-    _capture(self, self.buckets, self._run, self.out, self._fill_dummy)
+        graphs[b] = _Recorded(again)
+    return graphs, outputs
 
 
 def main(family: str) -> None:
@@ -68,8 +54,7 @@ def main(family: str) -> None:
     from ingot.runtime.executor import Executor
     from ingot.runtime.types import SamplingParams
 
-    cg.DecodeGraphs._capture_all = _decode_capture
-    cg.PrefillGraphs._capture_all = _prefill_capture
+    cg.capture_graphs = _record_graphs
     root = Path(tempfile.mkdtemp())
     hf = make_tiny_hf_model(family, root / "hf", seed=5)
     ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
