@@ -117,6 +117,10 @@ class _Shapes:
                 self.t(n, m.head_dim, dtype=torch.float32),
                 self.t(n, m.head_dim, dtype=torch.float32),
             ), {}
+        if name == "rope_kv_write":
+            (q, k, pos, cos, sin), _ = self.op("rope")
+            (_, v, kc, vc, slots), _ = self.op("kv_cache_write")
+            return (q, k, v, pos, cos, sin, kc, vc, slots), {}
         if name == "kv_cache_write":
             bs = self.b.tokens_per_block
             return (

@@ -53,6 +53,13 @@ _op(
     "rope.triton_kernels:ROPE_TACTICS",
 )
 _op(
+    "rope_kv_write",
+    (("kind", "str"), ("theta", "float32"), ("tokens_per_block", "int32")),
+    "rope.reference:make_rope_write_kv",
+    "rope.triton_kernels:make_rope_write_kv",
+    "rope.triton_kernels:ROPE_TACTICS",
+)
+_op(
     "kv_cache_write",
     (("tokens_per_block", "int32"),),
     "attention.reference:make_write_kv",

@@ -95,6 +95,8 @@ class Decoder:
         }
         self.scale = cfg.head_dim**-0.5
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
+        # RoPE fused with the KV write when the engine has it (engines built before it do not)
+        self.fused_rope_kv = not self.fp8_kv and hasattr(ops, "rope_kv_write")
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
@@ -113,11 +115,16 @@ class Decoder:
         if c.qk_norm:
             q = ops.rms_norm(q, w[p + "q_norm.weight"], c.rms_norm_eps)
             k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
-        q, k = ops.rope(q, k, positions, self.cos, self.sin)
         k_cache, v_cache = kv.layer(i)
         # FP8 KV cache (quantization): the per-layer scales ride along; nothing extra otherwise.
         fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
-        ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
+        if self.fused_rope_kv:
+            q = ops.rope_kv_write(
+                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping
+            )
+        else:
+            q, k = ops.rope(q, k, positions, self.cos, self.sin)
+            ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
         o = ops.paged_attention(
             q,
             k_cache,

@@ -62,3 +62,31 @@ def apply_rope(
 
 def make_rope(tactic=None):
     return apply_rope
+
+
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """RoPE on q and k, then k and v into the paged cache at `slot_mapping`; returns the
+    rotated q [T, Hq, hd]. The fused GPU kernel saves a launch and a pass over k."""
+    from ingot.plugins.attention.reference import write_kv
+
+    q, k = apply_rope(q, k, positions, cos, sin)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    if q_out is None:
+        return q
+    q_out.copy_(q)
+    return q_out
+
+
+def make_rope_write_kv(tactic=None):
+    return rope_write_kv
