@@ -117,6 +117,9 @@ class _Shapes:
                 self.t(n, m.head_dim, dtype=torch.float32),
                 self.t(n, m.head_dim, dtype=torch.float32),
             ), {}
+        if name == "swiglu_gemm":
+            i = m.intermediate_size
+            return (self.t(1, 2 * i), self.t(d, i), None), {}
         if name == "rope_kv_write":
             (q, k, pos, cos, sin), _ = self.op("rope")
             (_, v, kc, vc, slots), _ = self.op("kv_cache_write")

@@ -79,6 +79,13 @@ _op(
     "attention.triton_decode:make_paged_attention",
     "attention.triton_decode:PAGED_ATTENTION_TACTICS",
 )
+_op(
+    "swiglu_gemm",
+    (),
+    "gemm.reference:make_swiglu_linear",
+    "gemm.cuda:make_swiglu_linear",
+    "gemm.cuda:GEMM_TACTICS",
+)
 _op("gemm", (), "gemm.reference:make_linear", "gemm.cuda:make_linear", "gemm.cuda:GEMM_TACTICS")
 _op(
     "swiglu",

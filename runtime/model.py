@@ -97,6 +97,10 @@ class Decoder:
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
         # RoPE fused with the KV write when the engine has it (engines built before it do not)
         self.fused_rope_kv = not self.fp8_kv and hasattr(ops, "rope_kv_write")
+        # SwiGLU fused into the down projection (unquantized engines that have the plugin)
+        self.swiglu_down = None
+        if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
+            self.swiglu_down = ops.at("swiglu_gemm", "mlp.down")
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
@@ -145,7 +149,11 @@ class Decoder:
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         p = f"layers.{i}.mlp."
-        out = self.linears[p + "down"](self.ops.swiglu(self.linears[p + "gate_up"](x)))
+        gate_up = self.linears[p + "gate_up"](x)  # [T, 2I / tp]
+        if self.swiglu_down is not None:
+            out = self.swiglu_down(gate_up, self.w[p + "down.weight"])
+        else:
+            out = self.linears[p + "down"](self.ops.swiglu(gate_up))
         if self.comm is not None:
             self.comm.all_reduce_(out)  # row-parallel down: [T, D] partial sums
         return out

@@ -45,6 +45,21 @@ def _record_graphs(buckets, run, prepare=None):
     return graphs, outputs
 
 
+def check_swiglu_gemv() -> None:
+    """The decode GEMV with SwiGLU fused into its loads equals SwiGLU then GEMV."""
+    from ingot.plugins.activation.triton_kernels import make_swiglu
+    from ingot.plugins.gemm.cuda import GEMM_TACTICS, make_linear, make_swiglu_linear
+
+    torch.manual_seed(0)
+    gemv = next(t for t in GEMM_TACTICS if t.as_dict().get("max_m", 0) >= 2)
+    for t in (1, 2):
+        gate_up = torch.randn(t, 2 * 96, dtype=torch.float16)
+        w = torch.randn(40, 96, dtype=torch.float16)
+        fused = make_swiglu_linear(gemv)(gate_up, w)
+        unfused = make_linear(gemv)(make_swiglu(None)(gate_up), w)
+        assert torch.equal(fused, unfused), (fused - unfused).abs().max()
+
+
 def main(family: str) -> None:
     from ingot.compiler.build import build_engine
     from ingot.compiler.convert import convert_checkpoint
@@ -94,6 +109,7 @@ def main(family: str) -> None:
     assert batched == ref, (batched, ref)
     assert alone == ref[:3], (alone, ref[:3])
     assert used["decode"] > 0 and used["prefill"] >= 3, used
+    check_swiglu_gemv()
     print("ok", family, used)
 
 

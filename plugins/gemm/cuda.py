@@ -82,14 +82,24 @@ def _gemv_chunk(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     VEC: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     if MASKED:
         km = (k0 + tl.arange(0, BLOCK_K)) < K
         wt = tl.load(w_ptrs + k0, mask=km[None, :], other=0.0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs + k0, mask=km[None, :], other=0.0)
+        if GATED:
+            ut = tl.load(x_ptrs + K + k0, mask=km[None, :], other=0.0)
     else:
         wt = tl.load(w_ptrs + k0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs + k0)
+        if GATED:
+            ut = tl.load(x_ptrs + K + k0)
+    if GATED:
+        # x rows are [gate | up]: silu(gate) * up in fp32, rounded once to the model dtype,
+        # exactly as the SwiGLU kernel would have written it
+        g = xt.to(tl.float32)
+        xt = (g / (1.0 + tl.exp(-g)) * ut.to(tl.float32)).to(wt.dtype)
     w4 = tl.reshape(wt.to(tl.float32), [1, BLOCK_N, BLOCK_K // VEC, VEC])
     x4 = tl.reshape(xt.to(tl.float32), [BLOCK_M, 1, BLOCK_K // VEC, VEC])
     return acc + tl.sum(w4 * x4, axis=3)
@@ -114,8 +124,10 @@ def _gemv_kernel(
     VEC: tl.constexpr,
     STAGES: tl.constexpr,
     UNROLL: tl.constexpr,
+    GATED: tl.constexpr = False,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
+    GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
 
     K and the row strides come divided by VEC (16 bytes of elements), so the compiler knows
     every row starts 16-byte aligned and emits 16-byte loads for any K that is a multiple of VEC.
@@ -136,9 +148,11 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
     k_full = (K // BLOCK_K) * BLOCK_K
     for k0 in tl.range(0, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k0, K, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
+        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k0, K, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED)
     if k_full < K:
-        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
+        acc = _gemv_chunk(
+            acc, w_ptrs, x_ptrs, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED
+        )
     y = tl.sum(acc, axis=2)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
@@ -167,9 +181,10 @@ def _cublas_call(x, weight, bias, out):
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def _gemv_ok(x, weight, bias, out, max_m: int) -> bool:
+def _gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False) -> bool:
     """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
-    multiple of 8 halves: every real model; anything else goes to cuBLAS)."""
+    multiple of 8 halves: every real model; anything else goes to cuBLAS). gated: x is
+    [gate | up], twice weight's K wide."""
     T = x.shape[0] if x.dim() == 2 else 0
     vec = 16 // x.element_size()
     return (
@@ -178,7 +193,7 @@ def _gemv_ok(x, weight, bias, out, max_m: int) -> bool:
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
         and weight.dim() == 2
-        and weight.shape[1] == x.shape[1]
+        and weight.shape[1] * (2 if gated else 1) == x.shape[1]
         and weight.stride(1) == 1
         and x.stride(1) == 1
         and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1))
@@ -190,6 +205,38 @@ def _gemv_ok(x, weight, bias, out, max_m: int) -> bool:
         and x.data_ptr() % 16 == 0
         and weight.data_ptr() % 16 == 0
     )
+
+
+def _launch_gemv(x, weight, bias, out, params, gated: bool) -> torch.Tensor:
+    T = x.shape[0]
+    N, K = weight.shape
+    if out is None:
+        out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    bn = int(params["block_n"])
+    vec = 16 // x.element_size()
+    _gemv_kernel[(triton.cdiv(N, bn),)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        T,
+        N,
+        K // vec,
+        x.stride(0) // vec,
+        weight.stride(0) // vec,
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=triton.next_power_of_2(T),
+        BLOCK_N=bn,
+        BLOCK_K=int(params["block_k"]),
+        VEC=vec,
+        STAGES=int(params.get("num_stages", 1)),
+        UNROLL=int(params.get("unroll", 1)),
+        GATED=gated,
+        num_warps=int(params["num_warps"]),
+        num_stages=1,
+    )
+    return out
 
 
 def make_linear(tactic: Tactic | None = None):
@@ -205,36 +252,31 @@ def make_linear(tactic: Tactic | None = None):
         """x: [T, K], weight: [N, K], bias: [N] | None -> [T, N] (written into `out` if given)."""
         if not max_m or not _gemv_ok(x, weight, bias, out, max_m):
             return _cublas(x, weight, bias, out)
-        T = x.shape[0]
-        N, K = weight.shape
-        if out is None:
-            out = torch.empty((T, N), dtype=x.dtype, device=x.device)
-        bn = int(params["block_n"])
-        vec = 16 // x.element_size()
-        _gemv_kernel[(triton.cdiv(N, bn),)](
-            x,
-            weight,
-            bias if bias is not None else weight,
-            out,
-            T,
-            N,
-            K // vec,
-            x.stride(0) // vec,
-            weight.stride(0) // vec,
-            out.stride(0),
-            HAS_BIAS=bias is not None,
-            BLOCK_M=triton.next_power_of_2(T),
-            BLOCK_N=bn,
-            BLOCK_K=int(params["block_k"]),
-            VEC=vec,
-            STAGES=int(params.get("num_stages", 1)),
-            UNROLL=int(params.get("unroll", 1)),
-            num_warps=int(params["num_warps"]),
-            num_stages=1,
-        )
-        return out
+        return _launch_gemv(x, weight, bias, out, params, gated=False)
 
     return linear
+
+
+def make_swiglu_linear(tactic: Tactic | None = None):
+    """SwiGLU fused into the GEMM after it (the MLP down projection): for decode-sized T the
+    GEMV computes silu(gate) * up as it loads x, saving a launch and a pass over [T, I];
+    otherwise the SwiGLU kernel then the GEMM, as unfused."""
+    from ingot.plugins.activation.triton_kernels import make_swiglu
+
+    params = tactic.as_dict() if tactic is not None else {}
+    max_m = int(params.get("max_m", 0))
+    swiglu = make_swiglu(None)
+    linear = make_linear(tactic)
+
+    def swiglu_linear(
+        gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """gate_up: [T, 2I] (gate, then up), weight: [N, I] -> silu(gate) * up @ weight^T."""
+        if max_m and _gemv_ok(gate_up, weight, bias, None, max_m, gated=True):
+            return _launch_gemv(gate_up, weight, bias, None, params, gated=True)
+        return linear(swiglu(gate_up), weight, bias)
+
+    return swiglu_linear
 
 
 def make_embedding(tactic: Tactic | None = None):
