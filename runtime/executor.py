@@ -35,7 +35,8 @@ class Executor:
     of max_seq_len tokens (within a budget), on a GPU `kv_cache_free_gpu_memory_fraction` of
     the memory left after weights and activations. policy: "guaranteed_no_evict" or
     "max_utilization" (the C++ core's admission policies). cuda_graphs: replay decode steps
-    from graphs captured per batch-size bucket (GPU only; tp 1 only for now). comm: this
+    from graphs captured per batch-size bucket, and a lone prompt's prefill from graphs per
+    token bucket (GPU only; tp 1 only for now). comm: this
     rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0 schedules,
     broadcasts each plan and samples, the other ranks run `follow`.
     """
