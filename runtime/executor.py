@@ -154,10 +154,7 @@ class Executor:
             return []
         samples = np.asarray(plan.samples).astype(bool)
         rows = np.nonzero(samples)[0]
-        if self.comm is None:
-            logits, argmax = self._logits(plan, rows)
-        else:
-            logits, argmax = self._logits_tp(plan, rows), None
+        logits, argmax = self._logits(plan, rows)
         new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
         finish = np.zeros(plan.num_seqs, dtype=np.int8)
         seq_ids = np.asarray(plan.seq_ids)
@@ -189,31 +186,7 @@ class Executor:
         pg = self.prefill_graphs
         if pg is not None and pg.can_run(plan) and not self._wants_prompt_logits(plan):
             return pg.run(plan)  # one prompt's last chunk (time to first token)
-        dev = self.device
-        qsl = np.asarray(plan.query_start_loc)
-
-        def put(a) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(a)).to(dev, non_blocking=True)
-
-        meta = AttnMetadata(
-            slot_mapping=put(plan.slot_mapping),
-            block_tables=put(plan.block_tables),
-            context_lens=put(plan.context_lens),
-            query_start_loc=put(qsl),
-            max_context_len=int(np.max(plan.context_lens)),
-            max_query_len=int(np.max(plan.num_new_tokens)),
-        )
-        hidden = self.decoder.forward(put(plan.input_ids), put(plan.positions), meta, self.kv)
-        self._keep_prompt_logits(plan, hidden)
-        last = torch.from_numpy(qsl[rows + 1] - 1).to(dev)
-        return self.decoder.logits(hidden[last.long()]), None
-
-    def _wants_prompt_logits(self, plan) -> bool:
-        seq_ids = np.asarray(plan.seq_ids)
-        return any(self.requests[int(i)].params.return_prompt_logits for i in seq_ids)
-
-    def _logits_tp(self, plan, rows: np.ndarray) -> torch.Tensor:
-        """tp rank 0: broadcast the step, run it like every rank, keep prompt logits."""
+        # eager: the step's arrays (tp: broadcast to every rank, which run the same forward)
         qsl = np.asarray(plan.query_start_loc)
         ranges = self._prompt_ranges(plan)
         arrays = {
@@ -226,16 +199,21 @@ class Executor:
             "last": qsl[rows + 1] - 1,
             "prompt_ranges": np.array([(s, n) for _, s, n in ranges], np.int32).reshape(-1, 2),
         }
-        self.comm.broadcast_plan(arrays)
+        if self.comm is not None:
+            self.comm.broadcast_plan(arrays)
         prompt_logits, logits = self.run_plan(arrays)
         for (req, _, _), lg in zip(ranges, prompt_logits, strict=True):
             req.prompt_logits.append(lg.cpu())
-        return logits
+        return logits, None
+
+    def _wants_prompt_logits(self, plan) -> bool:
+        seq_ids = np.asarray(plan.seq_ids)
+        return any(self.requests[int(i)].params.return_prompt_logits for i in seq_ids)
 
     def run_plan(self, arrays: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """tp, every rank: one broadcast step (distributed.PLAN_KEYS) -> (logits of each prompt
-        range, float32 logits [R, V] of the sampling rows). Collectives inside: all ranks call
-        it with the same arrays."""
+        """One eager step from its arrays (distributed.PLAN_KEYS) -> (logits of each prompt
+        range, float32 logits [R, V] of the sampling rows). tp: every rank calls it with the
+        same (broadcast) arrays; the collectives are inside."""
         dev = self.device
 
         def put(a) -> torch.Tensor:
@@ -293,12 +271,6 @@ class Executor:
                 seen = torch.tensor(req.prompt_ids + req.output_ids)
             out[j] = self._samplers[req.request_id].sample(logits[j].float().cpu(), seen)
         return out
-
-    def _keep_prompt_logits(self, plan, hidden: torch.Tensor) -> None:
-        """Logits of every computed prompt position, for requests that asked (scoring)."""
-        for req, first, n in self._prompt_ranges(plan):
-            rows = hidden[first : first + n]
-            req.prompt_logits.append(self.decoder.logits(rows).cpu())
 
     def _prompt_ranges(self, plan) -> list[tuple[Request, int, int]]:
         """(request, first row, rows) of the prompt positions whose logits are kept."""
