@@ -47,6 +47,14 @@ _HEADER = 1 + 2 * len(PLAN_KEYS)  # command, then (rows, cols) per array; cols -
 TEST_FAIL_ENV = "INGOT_TEST_FAIL_RANK"
 
 
+def _no_multicast() -> None:
+    """NVLink multicast stays off (NCCL, PyTorch symmetric memory, NVSHMEM): it can take a
+    shared host's GPUs out of service."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+
+
 def check_tp(cfg: ModelConfig, tp: int) -> None:
     """Raise ConfigError unless `tp` ranks can split `cfg` by head."""
     if tp < 1:
@@ -156,7 +164,7 @@ class Comm:
 
 def init_comm(rank: int, world: int, port: int, device: torch.device, timeout_s: float) -> Comm:
     """Join the group on 127.0.0.1:port (NCCL for a GPU device, gloo for the CPU)."""
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    _no_multicast()
     backend = "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -203,7 +211,7 @@ def _follower_main(
     conn: connection.Connection,
 ) -> None:
     """Entry point of ranks 1..world-1: load, join, follow rank 0's plans until stop."""
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    _no_multicast()
     try:
         device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
         if device.type == "cpu":
@@ -268,7 +276,7 @@ class RankGroup:
         self.timeouts = timeouts or TPTimeouts()
         self.comm: Comm | None = None
         # NOTE: before any rank initializes NCCL; spawned ranks inherit it too.
-        os.environ["NCCL_NVLS_ENABLE"] = "0"
+        _no_multicast()
         port = _free_port()
         ctx = get_context("spawn")
         self.procs, self.conns = {}, {}
