@@ -20,7 +20,7 @@ rc=0
 for stage in "${@:-tests}"; do
   case "$stage" in
     tests)
-      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests \
+      timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests \
         > "$OUT/gpu_tests.log" 2>&1 || rc=1
       tail -15 "$OUT/gpu_tests.log" ;;
     kernels)

@@ -138,3 +138,22 @@ def test_gemv_cuda_graph(tactic):
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(out, F.linear(x.float(), w.float(), b.float())) < TOL
+
+
+@pytest.mark.parametrize(
+    "tactic", gemm_cuda.GEMM_TACTICS, ids=[t.name for t in gemm_cuda.GEMM_TACTICS]
+)
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+def test_swiglu_fused_into_down_gemv(tactic, T):
+    """swiglu_gemm at the Llama down shape equals SwiGLU then the GEMM (fp32 reference), and the
+    fused GEMV path equals the unfused kernels exactly where it is taken."""
+    from ingot.plugins.activation.triton_kernels import make_swiglu
+    from ingot.plugins.gemm.reference import swiglu_linear
+
+    n, i = LLAMA["down"]
+    gate_up = torch.randn(T, 2 * i, device=DEV, dtype=BF16)
+    w = (torch.randn(n, i, device=DEV, dtype=BF16) / math.sqrt(i)).to(BF16)
+    out = gemm_cuda.make_swiglu_linear(tactic)(gate_up, w)
+    assert rel_err(out, swiglu_linear(gate_up.float(), w.float())) < TOL
+    unfused = gemm_cuda.make_linear(tactic)(make_swiglu(None)(gate_up), w)
+    assert torch.equal(out, unfused)
