@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ingot.cli.bench.roofline import decode_weight_bytes, measure_bandwidth
+
 LLAMA_8B = dict(
     hidden_size=4096,
     intermediate_size=14336,
@@ -73,22 +75,6 @@ def make_model(shape: dict, device: torch.device, out_dir: Path):
     model.save_pretrained(out_dir, max_shard_size="5GB")
     make_tokenizer("llama").save_pretrained(out_dir)
     return model
-
-
-def measure_bandwidth(device: torch.device) -> float | None:
-    """Device-to-device copy, bytes read + written per second."""
-    if device.type != "cuda":
-        return None
-    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    sync(device)
-    return 2 * x.numel() * 10 / (time.perf_counter() - t)
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -168,13 +154,8 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
-        # NOTE: what a decode step reads: every weight but the embedding table (one row per
-        # token) and the RoPE tables (one row per token).
-        "weight_bytes": sum(
-            t.numel() * t.element_size()
-            for n, t in ex.decoder.w.items()
-            if n != "embed.weight" and not n.startswith("rope.")
-        ),
+        # NOTE: what a decode step reads (the embedding and RoPE tables only a row per token)
+        "weight_bytes": decode_weight_bytes(ex.decoder.w, m),
         "layers": m.num_layers,
     }
 
@@ -205,7 +186,9 @@ def main() -> None:
         "torch": torch.__version__,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    result["bandwidth_bytes_s"] = measure_bandwidth(device)
+    bandwidth = measure_bandwidth(device)
+    result["bandwidth_bytes_s"] = bandwidth["bytes_per_s"]
+    result["bandwidth_method"] = bandwidth["method"]
     model = make_model(shape, device, work / "hf")
     if not args.skip_hf:
         result["hf_eager"] = hf_measure(model, device, shape["vocab_size"], args)
