@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
+from reference_runs import random_prompts
 
 import ingot.runtime.cuda_graphs as cg
 
@@ -83,10 +84,7 @@ def main(family: str) -> None:
         plugins=tuple(default_choices("sm_90", m)),
     )
     gpu = dataclasses.replace(cpu, config=gpu_cfg)
-    g = torch.Generator().manual_seed(5)
-    prompts = [
-        torch.randint(3, m.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 17, 30, 41, 64)
-    ]
+    prompts = random_prompts(m.vocab_size, seed=5)
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     ref = [r.output_ids for r in Executor(cpu).generate(prompts, params)]
 

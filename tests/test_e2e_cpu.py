@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from reference_runs import hf_greedy, random_prompts, serve_staggered
 
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
@@ -16,7 +16,6 @@ from ingot.runtime.executor import Executor
 from ingot.runtime.types import FinishReason, SamplingParams
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
-PROMPT_LENS = [3, 9, 17, 30, 41, 64]
 NEW_TOKENS = 12
 
 
@@ -54,73 +53,34 @@ def built(tmp_path_factory):
     return get
 
 
-def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in PROMPT_LENS]
-
-
-def _hf_greedy(hf_dir: Path, prompts, dtype: torch.dtype, n: int) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).eval()
-    # Run every prompt to exactly n tokens, as the engine does with ignore_eos.
-    model.generation_config.eos_token_id = None
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=n,
-                pad_token_id=0,
-            )
-            outs.append(out[0, len(p) :].tolist())
-    return outs
-
-
-def _serve_staggered(engine_dir: Path, prompts, n: int, **executor_kw) -> list[list[int]]:
-    """First five prompts together; the sixth joins while the others are decoding."""
-    ex = Executor(load_engine(engine_dir), **executor_kw)
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
-    reqs = [ex.add_request(p, params) for p in prompts[:-1]]
-    for _ in range(3):
-        ex.step()
-    assert any(r.output_ids for r in reqs), "nothing was decoding when the last prompt arrived"
-    reqs.append(ex.add_request(prompts[-1], params))
-    ex.run_until_done()
-    assert all(r.finish_reason == FinishReason.LENGTH for r in reqs)
-    ex.scheduler.check_integrity()
-    return [r.output_ids for r in reqs]
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fp32_greedy_matches_transformers(built, family):
     kw = {"rope_scaling_llama3": True} if family == "llama" else {}
     hf, engine = built(family, "float32", **kw)
     vocab = load_engine(engine).config.model.vocab_size
-    prompts = _prompts(vocab)
-    ours = _serve_staggered(engine, prompts, NEW_TOKENS)
-    ref = _hf_greedy(hf, prompts, torch.float32, NEW_TOKENS)
+    prompts = random_prompts(vocab)
+    ours = serve_staggered(engine, prompts, NEW_TOKENS)
+    ref = hf_greedy(hf, prompts, torch.float32, NEW_TOKENS)
     assert ours == ref
 
 
 def test_fp32_tied_embeddings_and_small_pool_preemption(built):
     hf, engine = built("llama", "float32", tie_word_embeddings=True)
     vocab = load_engine(engine).config.model.vocab_size
-    prompts = _prompts(vocab, seed=3)
+    prompts = random_prompts(vocab, seed=3)
     # 14 blocks of 8 tokens cannot hold six sequences at once: max_utilization must preempt.
-    ours = _serve_staggered(engine, prompts, NEW_TOKENS, num_kv_blocks=14, policy="max_utilization")
-    assert ours == _hf_greedy(hf, prompts, torch.float32, NEW_TOKENS)
+    ours = serve_staggered(engine, prompts, NEW_TOKENS, num_kv_blocks=14, policy="max_utilization")
+    assert ours == hf_greedy(hf, prompts, torch.float32, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_greedy_agrees_with_transformers(built, family):
     hf, engine = built(family, "bfloat16")
     vocab = load_engine(engine).config.model.vocab_size
-    prompts = _prompts(vocab, seed=7)
+    prompts = random_prompts(vocab, seed=7)
     n = 24
-    ours = _serve_staggered(engine, prompts, n)
-    ref = _hf_greedy(hf, prompts, torch.bfloat16, n)
+    ours = serve_staggered(engine, prompts, n)
+    ref = hf_greedy(hf, prompts, torch.bfloat16, n)
     # NOTE: strict count: after the first mismatch every later step of that prompt counts as a miss.
     agree = 0
     for a, b in zip(ours, ref, strict=True):
@@ -134,7 +94,7 @@ def test_bf16_greedy_agrees_with_transformers(built, family):
 def test_sampling_is_reproducible_and_top_k_1_is_greedy(built):
     _, engine = built("qwen2", "float32")
     vocab = load_engine(engine).config.model.vocab_size
-    prompts = _prompts(vocab, seed=11)[:3]
+    prompts = random_prompts(vocab, seed=11)[:3]
 
     def run(params):
         ex = Executor(load_engine(engine))

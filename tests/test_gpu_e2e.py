@@ -4,17 +4,16 @@ reference engine and as transformers on the GPU, in float32, for the four famili
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from reference_runs import hf_greedy, random_prompts, serve_staggered
 
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
 from ingot.runtime.engine import load_engine
 from ingot.runtime.executor import Executor
-from ingot.runtime.types import FinishReason, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,43 +25,6 @@ BUILD = {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 64, "tokens_
 NEW = 12
 
 
-def _prompts(vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 9, 17, 30, 41, 64)]
-
-
-def _serve(engine_dir: Path, prompts, **kw) -> list[list[int]]:
-    ex = Executor(load_engine(engine_dir), **kw)
-    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
-    reqs = [ex.add_request(p, params) for p in prompts[:-1]]
-    for _ in range(3):
-        ex.step()
-    reqs.append(ex.add_request(prompts[-1], params))  # joins while the others decode
-    ex.run_until_done()
-    assert all(r.finish_reason == FinishReason.LENGTH for r in reqs)
-    return [r.output_ids for r in reqs]
-
-
-def _hf_gpu(hf_dir: Path, prompts) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).cuda().eval()
-    model.generation_config.eos_token_id = None
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=NEW,
-                pad_token_id=0,
-            )
-            outs.append(out[0, len(p) :].tolist())
-    return outs
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gpu_engine_matches_cpu_engine_and_transformers(tmp_path, family):
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -71,21 +33,21 @@ def test_gpu_engine_matches_cpu_engine_and_transformers(tmp_path, family):
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics="default")
     assert json.loads((gpu / "config.json").read_text())["target"].startswith("sm_")
-    prompts = _prompts(load_engine(cpu).config.model.vocab_size)
-    on_gpu = _serve(gpu, prompts)
-    assert on_gpu == _serve(cpu, prompts)
-    assert on_gpu == _hf_gpu(hf, prompts)
+    prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=5)
+    on_gpu = serve_staggered(gpu, prompts, NEW)
+    assert on_gpu == serve_staggered(cpu, prompts, NEW)
+    assert on_gpu == hf_greedy(hf, prompts, torch.float32, NEW, device="cuda")
 
 
 def test_gpu_engine_without_graphs_and_with_preemption_agrees(tmp_path):
     hf = make_tiny_hf_model("qwen2", tmp_path / "hf", seed=3)
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics="default")
-    prompts = _prompts(load_engine(gpu).config.model.vocab_size)
-    graphs = _serve(gpu, prompts)
-    assert _serve(gpu, prompts, cuda_graphs=False) == graphs
+    prompts = random_prompts(load_engine(gpu).config.model.vocab_size, seed=5)
+    graphs = serve_staggered(gpu, prompts, NEW)
+    assert serve_staggered(gpu, prompts, NEW, cuda_graphs=False) == graphs
     # 10 blocks of 16 tokens cannot hold six sequences: max_utilization preempts and recomputes
-    assert _serve(gpu, prompts, num_kv_blocks=10, policy="max_utilization") == graphs
+    assert serve_staggered(gpu, prompts, NEW, num_kv_blocks=10, policy="max_utilization") == graphs
 
 
 def test_timed_build_records_tactics_and_matches_cpu(tmp_path):
@@ -101,8 +63,8 @@ def test_timed_build_records_tactics_and_matches_cpu(tmp_path):
         assert p["tactic"] == fastest or "+" in p["tactic"]  # attention combines two winners
     # whatever tactics won, a float32 engine still gives the CPU reference's tokens
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
-    prompts = _prompts(load_engine(cpu).config.model.vocab_size)
-    assert _serve(gpu, prompts) == _serve(cpu, prompts)
+    prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=5)
+    assert serve_staggered(gpu, prompts, NEW) == serve_staggered(cpu, prompts, NEW)
 
 
 _COUNT_COMPILES = """
