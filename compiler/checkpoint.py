@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from ingot.runtime.config import ModelConfig, QuantConfig
 from ingot.runtime.distributed import check_tp, padded_vocab
-from ingot.runtime.engine import sha256_file
 from ingot.runtime.errors import CheckpointError
+from ingot.runtime.integrity import sha256_file
 from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
 
 from .quantize.layout import checkpoint_layout

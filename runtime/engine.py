@@ -7,7 +7,6 @@ rank file. The compiler writes it through `write_engine_config`; the runtime rea
 
 from __future__ import annotations
 
-import hashlib
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,19 +20,11 @@ from ingot.plugins import get_spec
 from .config import BuildConfig, ModelConfig, QuantConfig
 from .engine_format import EngineFile
 from .errors import EngineError
-from .integrity import CHUNK_BYTES, chunks_match
+from .integrity import CHUNK_BYTES, chunks_match, sha256_file
 from .version import ENGINE_FORMAT_VERSION, INGOT_VERSION
 
 ENGINE_FORMAT = "ingot-engine"
 REBUILD = "rebuild it with `ingot build-engine`"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,11 @@ class ChunkedSha256:
         return self.whole.hexdigest(), list(self.chunks)
 
 
+def sha256_file(path: Path) -> str:
+    """The whole file's sha256 (one pass, one core)."""
+    return _chunk_digest(path, 0, Path(path).stat().st_size)
+
+
 def _chunk_digest(path: Path, offset: int, size: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
