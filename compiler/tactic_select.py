@@ -18,7 +18,6 @@ from ingot.runtime.engine import PluginChoice
 
 Progress = Callable[[str, int, int], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_P = "ingot.plugins.attention"
 
 
 def specs_for(kind: str) -> list:
@@ -143,8 +142,12 @@ def timed_choices(
     model: ModelConfig, build: BuildConfig, progress: Progress | None = None
 ) -> list[PluginChoice]:
     """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs)."""
-    from ingot.plugins.attention.triton_decode import DECODE_TACTICS, combine_tactics
-    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
+    from ingot.plugins.attention.triton_decode import (
+        DECODE_TACTICS,
+        combine_tactics,
+        make_decode_attention,
+    )
+    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS, make_prefill_attention
     from ingot.plugins.tactics import resolve_factory, time_tactics
 
     shapes = _Shapes(model, build)
@@ -169,13 +172,13 @@ def timed_choices(
             "paged_attention",
             DECODE_TACTICS,
             lambda: shapes.attention(1, ctx),
-            resolve_factory_path(f"{_P}.triton_decode:make_decode_attention"),
+            make_decode_attention,
         )
         pf, r2 = best(
             "paged_attention",
             PREFILL_TACTICS,
             lambda: shapes.attention(n_pf, n_pf),
-            resolve_factory_path(f"{_P}.triton_prefill:make_prefill_attention"),
+            make_prefill_attention,
         )
         return _choice("paged_attention", combine_tactics(dec, pf), None, r1 + r2)
 
@@ -200,13 +203,6 @@ def timed_choices(
             progress("timing tactics", i + 1, len(jobs))
     torch.cuda.empty_cache()
     return out
-
-
-def resolve_factory_path(path: str) -> Callable[[Tactic | None], Callable[..., Any]]:
-    import importlib
-
-    module_name, attr = path.split(":")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 def can_time_on(target: str) -> bool:

@@ -48,8 +48,7 @@ class PluginSpec:
     def candidates(self, kind: str) -> tuple[Tactic, ...]:
         cands = self.tactics.get(kind, ())
         if isinstance(cands, str):
-            module_name, attr = cands.split(":")
-            cands = tuple(getattr(importlib.import_module(module_name), attr))
+            cands = tuple(import_attr(cands))
         return cands
 
     def default_tactic(self, kind: str) -> Tactic | None:
@@ -63,6 +62,12 @@ class PluginSpec:
             if t.name == name:
                 return t
         raise KeyError(f"plugin {self.name} v{self.version} has no {kind} tactic {name!r}")
+
+
+def import_attr(path: str) -> Any:
+    """The object a "package.module:attr" string names (imported on first use)."""
+    module_name, attr = path.split(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 _REGISTRY: dict[tuple[str, int], PluginSpec] = {}
@@ -105,6 +110,4 @@ def load(name: str, version: int, kind: str, tactic: Tactic | None = None) -> Ca
     spec = get_spec(name, version)
     if kind not in spec.impls:
         raise KeyError(f"plugin {name} v{version} has no {kind} implementation")
-    module_name, attr = spec.impls[kind].split(":")
-    factory = getattr(importlib.import_module(module_name), attr)
-    return factory(tactic)
+    return import_attr(spec.impls[kind])(tactic)

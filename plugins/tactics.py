@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import statistics
 from collections.abc import Callable
 from typing import Any
 
-from .registry import Tactic, get_spec
+from .registry import Tactic, get_spec, import_attr
 
 InputsFn = Callable[[], "tuple[tuple[Any, ...], dict[str, Any]]"]
 
 
 def resolve_factory(spec_name: str) -> Callable[[Tactic | None], Callable[..., Any]]:
     """The registry's "cuda" factory of `spec_name`."""
-    module_name, attr = get_spec(spec_name).impls["cuda"].split(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return import_attr(get_spec(spec_name).impls["cuda"])
 
 
 def _median_ms_events(fn: Callable[[], Any], repeats: int, flush: Any) -> float:
