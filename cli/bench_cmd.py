@@ -86,6 +86,12 @@ def bench_cmd(
         help="Run the baseline on only the first N requests of each point (ratios use rates and "
         "per-request latencies, so they stay comparable).",
     ),
+    hf_max_output_len: int = typer.Option(
+        None,
+        "--hf-max-output-len",
+        help="Stop the baseline's requests after N output tokens (rates stay comparable; "
+        "--grid standard uses 128 on its long-output points).",
+    ),
     grid: str = typer.Option(
         None,
         "--grid",
@@ -124,7 +130,11 @@ def bench_cmd(
         raise ConfigError(
             f"unknown --scheduler-policy {policy!r}", "use guaranteed_no_evict or max_utilization"
         )
-    for flag, v in (("--num-requests", num_requests), ("--hf-num-requests", hf_num_requests)):
+    for flag, v in (
+        ("--num-requests", num_requests),
+        ("--hf-num-requests", hf_num_requests),
+        ("--hf-max-output-len", hf_max_output_len),
+    ):
         if v is not None and v <= 0:
             raise ConfigError(f"{flag} must be > 0, got {v}")
     if dataset is not None and mode == "latency":
@@ -140,6 +150,7 @@ def bench_cmd(
         shared_prefix_len=shared_prefix_len,
         seed=seed,
         hf_num_requests=hf_num_requests,
+        hf_max_output_len=hf_max_output_len,
     )
     paths = check_outputs(output_dir, f"grid-{grid}" if grid else mode, force)
     doc = run_bench(

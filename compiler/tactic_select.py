@@ -137,11 +137,32 @@ class _Shapes:
     def gemm(self, n: int, k: int, bias: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (self.t(1, k), self.t(n, k), self.t(n) if bias else None), {}
 
+    def fp8_gemm(self, n: int, k: int, bias: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        f32 = dict(dtype=torch.float32, device=self.dev)
+        w = (self.t(n, k) * 0.1).to(torch.float8_e4m3fn)
+        b = self.t(n) if bias else None
+        return (self.t(1, k), w, torch.tensor(0.01, **f32), torch.tensor(0.02, **f32), b), {}
+
+    def w4a16_gemm(
+        self, n: int, k: int, bias: bool, group: int
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The engine layout: int32 words [K/8, N] (8 codes each), scales [K/group, N]."""
+        words = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, device=self.dev)
+        scales = (torch.rand(k // group, n, device=self.dev) * 0.02 + 0.002).to(self.dt)
+        pqs = (torch.rand(k, device=self.dev) + 0.5).to(self.dt)
+        return (self.t(1, k), words, scales, pqs, group, None, self.t(n) if bias else None), {}
+
 
 def timed_choices(
-    model: ModelConfig, build: BuildConfig, progress: Progress | None = None
+    model: ModelConfig,
+    build: BuildConfig,
+    progress: Progress | None = None,
+    skip: frozenset[str] = frozenset(),
+    group_size: int = 128,
 ) -> list[PluginChoice]:
-    """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs)."""
+    """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs,
+    plain and quantized). skip: plugins the engine does not run (not timed, not returned).
+    group_size: the INT4 quantization group of a w4a16_gemm engine."""
     from ingot.plugins.attention.triton_decode import (
         DECODE_TACTICS,
         combine_tactics,
@@ -182,18 +203,33 @@ def timed_choices(
         )
         return _choice("paged_attention", combine_tactics(dec, pf), None, r1 + r2)
 
-    def gemm(site: str, n: int, k: int, bias: bool) -> PluginChoice:
-        cands = get_spec("gemm").candidates("cuda")
-        t, res = best("gemm", cands, lambda: shapes.gemm(n, k, bias), resolve_factory("gemm"))
-        return _choice("gemm", t, site, res)
+    def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
+        cands = get_spec(name).candidates("cuda")
+        t, res = best(name, cands, inputs, resolve_factory(name))
+        return _choice(name, t, site, res)
 
+    site_inputs = {
+        "gemm": shapes.gemm,
+        "fp8_gemm": shapes.fp8_gemm,
+        "w4a16_gemm": lambda n, k, b: shapes.w4a16_gemm(n, k, b, group_size),
+    }
     for spec in specs_for("cuda"):
+        if spec.name in skip:
+            continue
         if spec.name == "paged_attention":
             jobs.append(("paged_attention", attention))
-        elif spec.name == "gemm":
-            jobs.append(("gemm", lambda: _choice("gemm", get_spec("gemm").default_tactic("cuda"))))
+        elif spec.name in site_inputs:
+            name, make = spec.name, site_inputs[spec.name]
+            jobs.append((name, lambda n=name: _choice(n, get_spec(n).default_tactic("cuda"))))
             for site, (n, k, bias) in gemm_sites(model).items():
-                jobs.append((f"gemm@{site}", lambda s=site, n=n, k=k, b=bias: gemm(s, n, k, b)))
+                if name != "gemm" and site == "lm_head":
+                    continue  # the lm_head stays unquantized
+                jobs.append(
+                    (
+                        f"{name}@{site}",
+                        lambda nm=name, s=site, a=(n, k, bias), f=make: gemm(nm, s, lambda: f(*a)),
+                    )
+                )
         else:
             jobs.append((spec.name, lambda name=spec.name: simple(name)))
     out = []

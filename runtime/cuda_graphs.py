@@ -27,6 +27,28 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return sizes + [max_batch_size]
 
 
+def packed_int32(
+    sizes: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray], list[torch.Tensor]]:
+    """One pinned host buffer and one device buffer (int32) holding segments of `sizes`, so a
+    step's inputs travel in one copy: (host, dev, host views, device views). Each segment
+    starts 16-byte aligned, as Triton specializes kernels on pointer alignment (an unaligned
+    view would need a kernel the engine's ahead-of-time bundle does not hold)."""
+    starts, end = [], 0
+    for n in sizes:
+        starts.append(end)
+        end += -(-n // 4) * 4
+    host = torch.empty(end, dtype=torch.int32, pin_memory=device.type == "cuda")
+    dev = torch.empty(end, dtype=torch.int32, device=device)
+    h = host.numpy()
+    return (
+        host,
+        dev,
+        [h[a : a + n] for a, n in zip(starts, sizes, strict=True)],
+        [dev[a : a + n] for a, n in zip(starts, sizes, strict=True)],
+    )
+
+
 def capture_graphs(
     buckets: list[int],
     run: Callable[[int], tuple[torch.Tensor, ...]],
@@ -73,18 +95,12 @@ class DecodeGraphs:
         self.decoder, self.kv = decoder, kv
         self.buckets = batch_buckets(max_batch_size)
         n, w = max_batch_size, max_blocks_per_seq
-        # one int32 buffer: ids | positions | slots | context lens | block tables [n, w]
-        size = 4 * n + n * w
-        self.host = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
-        self.dev = torch.empty(size, dtype=torch.int32, device=device)
-        h = self.host.numpy()
-        self.h_ids, self.h_pos, self.h_slots, self.h_ctx = (
-            h[i * n : (i + 1) * n] for i in range(4)
-        )
-        self.h_tables = h[4 * n :].reshape(n, w)
-        d = self.dev
-        self.ids, self.pos, self.slots, self.ctx = (d[i * n : (i + 1) * n] for i in range(4))
-        self.tables = d[4 * n :].view(n, w)
+        # ids | positions | slots | context lens | block tables [n, w]
+        self.host, self.dev, h, d = packed_int32([n, n, n, n, n * w], device)
+        self.h_ids, self.h_pos, self.h_slots, self.h_ctx = h[:4]
+        self.h_tables = h[4].reshape(n, w)
+        self.ids, self.pos, self.slots, self.ctx = d[:4]
+        self.tables = d[4].view(n, w)
         self.qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
         self.logits: dict[int, torch.Tensor] = {}
@@ -168,14 +184,10 @@ class PrefillGraphs:
     ) -> None:
         self.decoder, self.kv, self.buckets = decoder, kv, buckets
         n, w = buckets[-1], max_blocks_per_seq
-        # one int32 buffer: ids | positions | slots [n] | ctx [2] | qsl [3] | last [1] | tables [2, w]
-        size = 3 * n + 6 + 2 * w
-        self.host = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
-        self.dev = torch.empty(size, dtype=torch.int32, device=device)
-        h, d = self.host.numpy(), self.dev
-        cut = [0, n, 2 * n, 3 * n, 3 * n + 2, 3 * n + 5, 3 * n + 6]
-        self.h = [h[a:b] for a, b in zip(cut, cut[1:], strict=False)] + [h[cut[-1] :].reshape(2, w)]
-        self.d = [d[a:b] for a, b in zip(cut, cut[1:], strict=False)] + [d[cut[-1] :].view(2, w)]
+        # ids | positions | slots [n] | ctx [2] | qsl [3] | last [1] | tables [2, w]
+        self.host, self.dev, h, d = packed_int32([n, n, n, 2, 3, 1, 2 * w], device)
+        self.h = h[:6] + [h[6].reshape(2, w)]
+        self.d = d[:6] + [d[6].view(2, w)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._fill(

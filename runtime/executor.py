@@ -6,6 +6,7 @@ Requests can be added between any two steps; each step mixes prefill chunks and 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,6 +27,20 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Called after each step with (request, new token id); text-level stop checks live above this.
 TokenCallback = Callable[[Request, int], None]
 StopCheck = Callable[[Request], bool]
+
+
+class _Lap:
+    """Records the seconds since the previous call under a name (device synchronized)."""
+
+    def __init__(self, into: dict[str, float], device: torch.device) -> None:
+        self.into, self.device, self.t = into, device, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.into[name] = now - self.t
+        self.t = now
 
 
 class Executor:
@@ -64,10 +79,15 @@ class Executor:
         self.device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
         self.dtype = _DTYPES[cfg.model.dtype]
         self.kernels = 0
+        # seconds per load phase (benchmarks report them; the GPU phases end synchronized)
+        self.load_seconds: dict[str, float] = {}
+        lap = _Lap(self.load_seconds, self.device)
         if self.device.type == "cuda":
             # NOTE: before any kernel launches, so every launch finds its ahead-of-time binary.
             self.kernels = install_engine_kernels(engine.dir, cfg.rank_files.get(KERNELS_FILE))
+        lap("kernels")
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
+        lap("weights")
         self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant, comm=comm)
         b = cfg.build
         # Quantization: an FP8 KV cache stores float8_e4m3fn (K/V divided by per-layer scales).
@@ -84,6 +104,7 @@ class Executor:
         self.kv = KVCache(
             cfg.model, num_kv_blocks, b.tokens_per_block, kv_dtype, self.device, tp=tp
         )
+        lap("kv_pool")
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_kv_blocks,
@@ -103,12 +124,15 @@ class Executor:
             self.graphs = DecodeGraphs(
                 self.decoder, self.kv, b.max_batch_size, width, b.max_seq_len, self.device
             )
+            lap("decode_graphs")
             buckets = prefill_buckets(b.max_num_tokens)
             if buckets:
                 self.prefill_graphs = PrefillGraphs(
                     self.decoder, self.kv, buckets, width, self.device
                 )
+            lap("prefill_graphs")
         engine.wait_verified()
+        lap("checksum_wait")
         if comm is not None:
             comm.min_int(0)  # NOTE: a barrier: every rank has loaded and verified its shard
         self.eos_ids = set(cfg.model.eos_token_ids)

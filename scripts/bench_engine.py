@@ -113,6 +113,22 @@ def hf_measure(model, device, vocab: int, args) -> dict:
     }
 
 
+def kernel_profile(run, top: int = 30) -> dict:
+    """GPU time per kernel name over one call of `run` (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": e.key[:120], "calls": e.count, "us": round(us, 1)})
+    rows.sort(key=lambda r: -r["us"])
+    total = sum(r["us"] for r in rows)
+    return {"gpu_us_total": round(total, 1), "top": rows[:top]}
+
+
 def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     from ingot.runtime.engine import load_engine
     from ingot.runtime.executor import Executor
@@ -148,8 +164,19 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     first, total = serve(prompts(1, 128, vocab, 20), args.decode_tokens)
     _, tput = serve(prompts(args.batch, args.tput_in, vocab, 30), args.tput_out)
     m = ex.config.model
+    profile = {}
+    if args.profile and device.type == "cuda":
+        for n in args.ttft_lens:
+            profile[f"prefill_{n}"] = kernel_profile(lambda n=n: serve(prompts(1, n, vocab, 40), 1))
+        # a 128-token prefill, then 16 decode steps
+        profile["prefill_128_decode_16"] = kernel_profile(
+            lambda: serve(prompts(1, 128, vocab, 41), 17)
+        )
     return {
         "load_s": load_s,
+        "load_phases_s": ex.load_seconds,
+        "kernels_in_engine": ex.kernels,
+        "profile": profile,
         "kv_blocks": ex.kv.num_blocks,
         "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
@@ -173,6 +200,7 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=4096)
     ap.add_argument("--ttft-lens", type=int, nargs="+", default=[128, 2048])
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="GPU time per kernel (torch.profiler)")
     args = ap.parse_args()
     device = torch.device(args.device)
     shape = TINY if args.tiny else LLAMA_8B

@@ -15,12 +15,20 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # NOTE: no network there: build with the preinstalled scikit-build-core/nanobind.
 python3 -m pip install --no-build-isolation --no-deps -q -e . > "$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; exit 1; }
+# ModelOpt and the packages it needs (not on that machine): wheels fetched here by
+# scripts/fetch_device_wheels.sh into .whl/, carried by the device call.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.csv"
 rc=0
 for stage in "${@:-tests}"; do
   case "$stage" in
     tests)
-      timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests \
+      timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
+        --durations=15 tests \
         > "$OUT/gpu_tests.log" 2>&1 || rc=1
       tail -15 "$OUT/gpu_tests.log" ;;
     kernels)
@@ -30,8 +38,9 @@ for stage in "${@:-tests}"; do
         > "$OUT/bench_gemv.log" 2>&1 || rc=1
       tail -5 "$OUT/bench_kernels.log" "$OUT/bench_gemv.log" ;;
     bench)
-      timeout 540 python3 scripts/bench_engine.py --out "$OUT/bench_engine.json" \
-        --work /tmp/ingot-bench --decode-tokens 128 > "$OUT/bench_engine.log" 2>&1 || rc=1
+      timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
+        --out "$OUT/bench_engine.json" --work /tmp/ingot-bench --decode-tokens 128 \
+        > "$OUT/bench_engine.log" 2>&1 || rc=1
       tail -45 "$OUT/bench_engine.log" ;;
     grid)
       # NOTE: the 16 GB engine stays in /tmp; only the grid's JSON/markdown/PNG come back.

@@ -151,6 +151,17 @@ def test_throughput_batch_sweep_with_reduced_baseline(engine, tmp_path):
         _check_figures(p["hf"], p, "hf")
         _check_ratios(p["vs_hf"], p["ingot"], p["hf"])
         assert p["ingot"]["decode"]["mean_batch"] <= p["batch_size"]
+    # the baseline's outputs capped at 3 tokens: it made 3 per request; whole-request ratios
+    # (requests/s, end-to-end latency) are left out, token rates kept
+    r = _bench(engine, tmp_path / "capped", "throughput", "--input-len", 12, "--output-len", 5,
+               "--num-requests", 4, "--baseline", "hf", "--hf-max-output-len", 3)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    p = _load(tmp_path / "capped", "throughput")["results"][0]
+    assert p["hf_max_output_len"] == 3 and p["hf"]["output_tokens"] == 3 * p["hf"]["num_requests"]
+    assert (
+        p["vs_hf"]["requests_per_s_ratio"] is None and p["vs_hf"]["e2e_latency_p50_speedup"] is None
+    )
+    assert p["vs_hf"]["output_tok_s_ratio"] > 0
     # the two points drew different prompts (no prefix hits between points)
     assert all(p["ingot"]["prefix_cache"]["hit_blocks"] == 0 for p in doc["results"])
     assert "ingot vs hf" in (tmp_path / "throughput.md").read_text()
@@ -254,6 +265,10 @@ def test_standard_grid_is_the_h200_grid():
     assert [p.request_rate for p in points if p.mode == "serve"] == [4.0, 16.0, 64.0]
     assert all(p.hf_num_requests <= len(p.workload) for p in points)
     assert len({p.workload.seed for p in points}) == len(points)
+    # the baseline's 2,048-token outputs stop at 128 tokens; the others run whole
+    capped = [p.name for p in points if p.hf_outputs_capped]
+    assert capped == ["throughput_in128_out2048", "throughput_in2048_out2048"], capped
+    assert all(it.output_len == 128 for p in points for it in p.hf_workload().items)
 
 
 @pytest.mark.parametrize(

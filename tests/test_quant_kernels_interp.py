@@ -45,6 +45,7 @@ else:
     from ingot.plugins.quant import reference as qref
     from ingot.plugins.quant import triton_quantize as tq
     from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.registry import Tactic
 
     F8 = torch.float8_e4m3fn
 
@@ -232,14 +233,20 @@ else:
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
         assert rel_err(out, ref) < tol
 
+    # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too
+    SMALL_TILES = [
+        pf.PREFILL_TACTICS[5],
+        Tactic("m16_n16", (("block_m", 16), ("block_n", 16), ("num_warps", 4), ("num_stages", 1))),
+    ]
+
     @pytest.mark.parametrize("fp8", [False, True])
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-    def test_prefill_attention(fp8, dtype):
+    @pytest.mark.parametrize("params", SMALL_TILES, ids=lambda t: t.name)
+    def test_prefill_attention(fp8, dtype, params):
         torch.manual_seed(8)
-        new, ctx = [7, 1, 20], [7, 30, 45]  # a prompt, a decode row, a chunk after a prefix
+        new, ctx = [7, 1, 20], [7, 30, 60]  # a prompt, a decode row, a chunk after a prefix
         q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, dtype, fp8)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
-        params = pf.PREFILL_TACTICS[5]  # m16: several query tiles per sequence
         out = torch.full_like(q, float("nan"))
         pf.make_prefill_attention(params)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5

@@ -125,11 +125,12 @@ def _p(m: dict, key: str, q: str) -> float | None:
     return (m.get(key) or {}).get(q)
 
 
-def compare(mode: str, ours: dict, hf: dict) -> dict:
+def compare(mode: str, ours: dict, hf: dict, outputs_capped: bool = False) -> dict:
     """ingot against the baseline. `*_ratio`: ingot / hf of a rate (higher is better for
     ingot); `*_speedup`: hf / ingot of a latency (higher is better for ingot). Rates and
     per-request latencies do not depend on how many requests ran, so they stay comparable
-    when the baseline ran fewer requests."""
+    when the baseline ran fewer requests. outputs_capped: the baseline's requests stopped
+    early, so whole-request figures (requests/s, end-to-end latency) are left out (None)."""
     out = {
         "output_tok_s_ratio": _ratio(ours["output_tok_s"], hf["output_tok_s"]),
         "total_tok_s_ratio": _ratio(ours["total_tok_s"], hf["total_tok_s"]),
@@ -141,6 +142,9 @@ def compare(mode: str, ours: dict, hf: dict) -> dict:
     out["decode_tok_s_per_request_ratio"] = _ratio(
         _p(ours, "decode_tok_s_per_request", "mean"), _p(hf, "decode_tok_s_per_request", "mean")
     )
+    if outputs_capped:
+        out.update(dict.fromkeys(("requests_per_s_ratio", "e2e_latency_p50_speedup",
+                                  "e2e_latency_p99_speedup")))  # fmt: skip
     if mode == "latency":
         out = {k: v for k, v in out.items() if not k.startswith(("total", "requests"))}
     return out

@@ -33,6 +33,7 @@ class Options:
     shared_prefix_len: int = 0
     seed: int = 0
     hf_num_requests: int | None = None
+    hf_max_output_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,16 @@ class Point:
     hf_num_requests: int  # the baseline runs the first n requests of the workload
     batch_size: int | None = None
     request_rate: float | None = None
+    hf_max_output_len: int | None = None  # the baseline's requests stop after this many tokens
+
+    def hf_workload(self) -> Workload:
+        """What the baseline runs: the first hf_num_requests requests, outputs capped."""
+        return self.workload.head(self.hf_num_requests).capped(self.hf_max_output_len)
+
+    @property
+    def hf_outputs_capped(self) -> bool:
+        cap = self.hf_max_output_len
+        return cap is not None and any(it.output_len > cap for it in self.workload.items)
 
     def describe(self) -> dict:
         return {
@@ -54,6 +65,7 @@ class Point:
             "request_rate": self.request_rate,
             "workload": self.workload.describe(),
             "hf_num_requests": self.hf_num_requests,
+            "hf_max_output_len": self.hf_max_output_len if self.hf_outputs_capped else None,
         }
 
 
@@ -71,10 +83,21 @@ def _hf_n(o: Options, n: int) -> int:
 def latency_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
     name = f"latency_in{o.input_len}_out{o.output_len}"
     w = _workload(o, name, o.num_requests or 5, m)
-    return [Point(name, "latency", w, 1, _hf_n(o, len(w)), batch_size=1)]
+    return [
+        Point(
+            name,
+            "latency",
+            w,
+            1,
+            _hf_n(o, len(w)),
+            batch_size=1,
+            hf_max_output_len=o.hf_max_output_len,
+        )
+    ]
 
 
 def throughput_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
+    cap = {"hf_max_output_len": o.hf_max_output_len}
     shape = "dataset" if o.dataset else f"in{o.input_len}_out{o.output_len}"
     points = []
     for bs in o.batch_sizes or (None,):
@@ -86,17 +109,20 @@ def throughput_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]
         name = f"throughput_{shape}" + (f"_b{bs}" if bs else "")
         w = _workload(o, name, o.num_requests or bs or b.max_batch_size, m)
         hf_n = _hf_n(o, len(w))
-        points.append(Point(name, "throughput", w, bs, hf_n, batch_size=bs or b.max_batch_size))
+        points.append(
+            Point(name, "throughput", w, bs, hf_n, batch_size=bs or b.max_batch_size, **cap)
+        )
     return points
 
 
 def serve_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
+    cap = {"hf_max_output_len": o.hf_max_output_len}
     points = []
     for rate in o.request_rates or (2.0, 8.0, 32.0):
         name = f"serve_in{o.input_len}_out{o.output_len}_rate{rate:g}"
         seed = point_seed(o.seed, name)
         w = with_poisson_arrivals(_workload(o, name, o.num_requests or 32, m), rate, seed)
-        points.append(Point(name, "serve", w, None, _hf_n(o, len(w)), request_rate=rate))
+        points.append(Point(name, "serve", w, None, _hf_n(o, len(w)), request_rate=rate, **cap))
     return points
 
 
@@ -104,11 +130,15 @@ def serve_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
 STANDARD_THROUGHPUT = ((128, 128, 256), (128, 2048, 64), (2048, 128, 128), (2048, 2048, 64))
 STANDARD_HF_THROUGHPUT_REQUESTS = 32
 STANDARD_SERVE_RATES = (4.0, 16.0, 64.0)
+# NOTE: transformers eager decodes ~10 steps/s on this model; 2,048 of them per point would
+# alone outlast the grid's 10 minutes, so its long outputs stop at 128 tokens (rates compared).
+STANDARD_HF_MAX_OUTPUT_LEN = 128
 
 
 def standard_grid(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
     """latency at batch 1 (128 in / 128 out, 5 requests, HF 3); throughput at 128/128,
-    128/2048, 2048/128, 2048/2048 (HF on its first 32 requests, rates compared); serve
+    128/2048, 2048/128, 2048/2048 (HF on its first 32 requests, outputs capped at 128 tokens,
+    rates compared); serve
     128/128 at 4, 16 and 64 requests/s (128 requests, HF 16). `o.seed` applies; an explicit
     --num-requests / --hf-num-requests overrides every point's counts."""
     lat = replace(o, input_len=128, output_len=128, num_requests=o.num_requests or 5)
@@ -116,6 +146,7 @@ def standard_grid(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
     for i, out, n in STANDARD_THROUGHPUT:
         t = replace(o, input_len=i, output_len=out, num_requests=o.num_requests or n)
         t = replace(t, hf_num_requests=o.hf_num_requests or STANDARD_HF_THROUGHPUT_REQUESTS)
+        t = replace(t, hf_max_output_len=o.hf_max_output_len or STANDARD_HF_MAX_OUTPUT_LEN)
         points += throughput_points(replace(t, batch_sizes=()), m, b)
     s = replace(o, input_len=128, output_len=128, num_requests=o.num_requests or 128)
     s = replace(s, hf_num_requests=o.hf_num_requests or 16, request_rates=STANDARD_SERVE_RATES)

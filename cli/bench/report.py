@@ -98,7 +98,10 @@ def _row(point: dict, system: str, m: dict) -> list[str]:
 
 def _ratio_row(point: dict, r: dict) -> list[str]:
     x = lambda k: _f(r.get(k), "{:.2f}x")  # noqa: E731
-    row = ["", "ingot vs hf", f"hf ran {point['hf_num_requests']}", ""]
+    ran = f"hf ran {point['hf_num_requests']}"
+    if point.get("hf_max_output_len"):
+        ran += f", ≤ {point['hf_max_output_len']} out"
+    row = ["", "ingot vs hf", ran, ""]
     row += [x("output_tok_s_ratio"), x("total_tok_s_ratio"), x("requests_per_s_ratio")]
     row += [f"{x('ttft_p50_speedup')} / {x('ttft_p99_speedup')}"]
     row += [f"{x('itl_p50_speedup')} / {x('itl_p99_speedup')}"]

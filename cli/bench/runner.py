@@ -73,7 +73,9 @@ def run_bench(
     log(f"measuring {device.type} bandwidth")
     bw = measure_bandwidth(device)
     log(f"loading engine {engine_dir}")
+    t = time.perf_counter()
     ours = IngotDriver(Path(engine_dir), device, **(executor_kwargs or {}))
+    load = {"load_s": time.perf_counter() - t, "load_phases_s": ours.executor.load_seconds}
     roof = Roofline(
         decode_weight_bytes(ours.weights, m),
         kv_bytes_per_token(m, ours.kv_element_size),
@@ -104,6 +106,7 @@ def run_bench(
             "quant": cfg.quant.mode,
             "target": cfg.target,
             "build": b.to_dict(),
+            **load,
         },
         "device": _device_info(device),
         "seed": options.seed,
@@ -124,7 +127,8 @@ def _baseline_info(hf_model_dir: Path | None) -> dict:
         "transformers": transformers.__version__,
         "ratio_basis": (
             "rates (tok/s, req/s) and per-request latencies, so a baseline that ran only its "
-            "first hf_num_requests requests stays comparable"
+            "first hf_num_requests requests, or outputs capped at hf_max_output_len tokens, "
+            "stays comparable"
         ),
     }
 
@@ -143,7 +147,7 @@ def _run_hf(engine, points: list[Point], results: list[dict], roof, hf_dir, devi
     _warmup(hf, cfg.model.vocab_size, cfg.build.max_seq_len)
     for p, r in zip(points, results, strict=True):
         t = time.perf_counter()
-        r["hf"] = summarize(hf.run(p.workload.head(p.hf_num_requests), p.max_concurrency), roof)
-        r["vs_hf"] = compare(p.mode, r["ingot"], r["hf"])
+        r["hf"] = summarize(hf.run(p.hf_workload(), p.max_concurrency), roof)
+        r["vs_hf"] = compare(p.mode, r["ingot"], r["hf"], p.hf_outputs_capped)
         log(f"hf {p.name}: {time.perf_counter() - t:.1f} s")
     hf.close()

@@ -49,6 +49,13 @@ class Workload:
         """The first n requests (same prompts, same arrival times): the reduced HF baseline."""
         return Workload(self.items[:n], self.arrivals[:n], self.seed, self.source)
 
+    def capped(self, max_output_len: int | None) -> Workload:
+        """The same requests, each generating at most `max_output_len` tokens (None: as is)."""
+        if max_output_len is None:
+            return self
+        items = tuple(Item(it.prompt_ids, min(it.output_len, max_output_len)) for it in self.items)
+        return Workload(items, self.arrivals, self.seed, self.source)
+
     def describe(self) -> dict:
         ins = [it.input_len for it in self.items]
         outs = [it.output_len for it in self.items]

@@ -113,8 +113,8 @@ def paged_attention(
                 )
                 out[q0:q1] = o[0].transpose(0, 1)
                 continue
-        qpos = torch.arange(ctx - n, ctx)[:, None]
-        kpos = torch.arange(ctx)[None, :]
+        qpos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        kpos = torch.arange(ctx, device=q.device)[None, :]
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window

@@ -6,8 +6,9 @@ context, whose keys and values (cached prefix included) are already in the paged
 
 Grid (query tile, q head, sequence): one program runs a FlashAttention-2 style online softmax for
 BLOCK_M queries of one head over the keys it may see (causal, optionally a sliding window),
-gathering K/V rows through the block table. Tiles past a sequence's q_len exit at once, so the
-grid is sized by max_query_len, never by tensor values.
+gathering K/V rows through the block table; only the key tiles on the causal diagonal are
+masked. Tiles past a sequence's q_len exit at once, so the grid is sized by max_query_len,
+never by tensor values.
 """
 
 from __future__ import annotations
@@ -43,6 +44,70 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend(
+    q,
+    acc,
+    m_i,
+    l_i,
+    n0,
+    hi,
+    qpos,
+    kc_ptr,
+    vc_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_row,
+    kvh,
+    d,
+    dm,
+    scale_log2,
+    window,
+    BS,
+    s_blk,
+    s_tok,
+    s_h,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One BLOCK_N tile of keys into the online softmax. MASKED=False: every key of the tile
+    is visible to every query of the tile (below the causal diagonal, inside the context)."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    tv = t < hi
+    blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
+    off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
+    kv_mask = tv[:, None] & dm[None, :]
+    k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if KV_FP8:  # FP8 KV cache: dequantize on load
+        k = k.to(tl.float32) * tl.load(ks_ptr)
+    # NOTE: float32 engines must not round to TF32 (they are checked token for token).
+    if IEEE:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
+    if MASKED:
+        vis = (t[None, :] <= qpos[:, None]) & tv[None, :]
+        if USE_WINDOW:
+            vis = vis & (t[None, :] > qpos[:, None] - window)
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if KV_FP8:
+        v = v.to(tl.float32) * tl.load(vs_ptr)
+    if IEEE:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     kc_ptr,
@@ -73,7 +138,8 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
 ):
-    mt = tl.program_id(0)
+    # NOTE: the last query tiles (the most keys under causal masking) start first.
+    mt = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     q0 = tl.load(qsl_ptr + b)
@@ -94,44 +160,29 @@ def _prefill_kernel(
         first = ctx - qlen + mt * BLOCK_M  # position of the tile's first query
         qpos = first + tl.arange(0, BLOCK_M)
         hi = tl.minimum(ctx, first + BLOCK_M)
-        lo = 0
-        if USE_WINDOW:
-            lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        lo = 0
+        if USE_WINDOW:
+            lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
+        else:
+            # keys before the tile's first query are seen by all its queries: no mask
+            full = (first + 1) // BLOCK_N * BLOCK_N
+            for n0 in range(0, full, BLOCK_N):
+                acc, m_i, l_i = _attend(
+                    q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row,
+                    kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
+                    False, USE_WINDOW, IEEE, KV_FP8, BLOCK_N,
+                )  # fmt: skip
+            lo = full
         for n0 in range(lo, hi, BLOCK_N):
-            t = n0 + tl.arange(0, BLOCK_N)
-            tv = t < hi
-            blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
-            off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
-            kv_mask = tv[:, None] & dm[None, :]
-            k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8:  # FP8 KV cache: dequantize on load
-                k = k.to(tl.float32) * tl.load(ks_ptr)
-            # NOTE: float32 engines must not round to TF32 (they are checked token for token).
-            if IEEE:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
-            else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
-            vis = (t[None, :] <= qpos[:, None]) & tv[None, :]
-            if USE_WINDOW:
-                vis = vis & (t[None, :] > qpos[:, None] - window)
-            s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8:
-                v = v.to(tl.float32) * tl.load(vs_ptr)
-            if IEEE:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            acc, m_i, l_i = _attend(
+                q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row,
+                kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
+                True, USE_WINDOW, IEEE, KV_FP8, BLOCK_N,
+            )  # fmt: skip
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_i[:, None]
         tl.store(
