@@ -44,7 +44,7 @@ for stage in "${@:-tests}"; do
       tail -45 "$OUT/bench_engine.log" ;;
     grid)
       # NOTE: the 16 GB engine stays in /tmp; only the grid's JSON/markdown/PNG come back.
-      timeout 580 bash scripts/bench_grid.sh /tmp/ingot-grid > "$OUT/grid.log" 2>&1 || rc=1
+      timeout "${GRID_TIMEOUT:-540}" bash scripts/bench_grid.sh /tmp/ingot-grid > "$OUT/grid.log" 2>&1 || rc=1
       cp /tmp/ingot-grid/grid-standard.* "$OUT/" 2>/dev/null
       tail -40 "$OUT/grid.log" ;;
     *) echo "unknown stage $stage (tests|kernels|bench|grid)"; exit 2 ;;
