@@ -116,6 +116,12 @@ class _Shapes:
                 self.t(n, m.head_dim, dtype=torch.float32),
                 self.t(n, m.head_dim, dtype=torch.float32),
             ), {}
+        if name == "rms_norm_quant_fp8":
+            scale = torch.tensor(0.05, dtype=torch.float32, device=self.dev)
+            return (self.t(1, d), self.t(d), m.rms_norm_eps, scale), {}
+        if name == "swiglu_quant_fp8":
+            scale = torch.tensor(0.05, dtype=torch.float32, device=self.dev)
+            return (self.t(1, 2 * m.intermediate_size), scale), {}
         if name == "swiglu_gemm":
             i = m.intermediate_size
             return (self.t(1, 2 * i), self.t(d, i), None), {}

@@ -102,6 +102,21 @@ _op(
     "quant.cuda_fp8:make_fp8_linear",
     "quant.cuda_fp8:FP8_GEMM_TACTICS",
 )
+# FP8 engines: the activation quantization fused into the op before each FP8 GEMM.
+_op(
+    "rms_norm_quant_fp8",
+    (("eps", "float32"),),
+    "quant.reference:make_rms_norm_quant_fp8",
+    "quant.triton_quantize:make_rms_norm_quant_fp8",
+    "quant.triton_quantize:QUANTIZE_TACTICS",
+)
+_op(
+    "swiglu_quant_fp8",
+    (),
+    "quant.reference:make_swiglu_quant_fp8",
+    "quant.triton_quantize:make_swiglu_quant_fp8",
+    "quant.triton_quantize:QUANTIZE_TACTICS",
+)
 _op(
     "w4a16_gemm",
     (("group_size", "int32"),),

@@ -15,8 +15,16 @@ from .config import QuantConfig
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
-def make_linear(ops, weights: dict[str, torch.Tensor], prefix: str, quant: QuantConfig) -> Linear:
-    """The callable computing `prefix` (e.g. "layers.0.attn.qkv"): x [T, K] -> [T, N]."""
+def make_linear(
+    ops,
+    weights: dict[str, torch.Tensor],
+    prefix: str,
+    quant: QuantConfig,
+    out_dtype: torch.dtype | None = None,
+) -> Linear:
+    """The callable computing `prefix` (e.g. "layers.0.attn.qkv"): x [T, K] -> [T, N].
+    FP8: x may arrive already quantized (fp8 from a fused norm / SwiGLU); the output is then
+    `out_dtype` (the model dtype)."""
     weight = weights[prefix + ".weight"]
     bias = weights.get(prefix + ".bias")
     site = prefix.split(".", 2)[-1]  # "layers.3.attn.qkv" -> "attn.qkv"
@@ -26,7 +34,7 @@ def make_linear(ops, weights: dict[str, torch.Tensor], prefix: str, quant: Quant
     if quant.mode == "fp8":
         fp8 = ops.at("fp8_gemm", site)
         w_scale, in_scale = weights[prefix + ".weight_scale"], weights[prefix + ".input_scale"]
-        return lambda x: fp8(x, weight, w_scale, in_scale, bias)
+        return lambda x: fp8(x, weight, w_scale, in_scale, bias, out_dtype=out_dtype)
     if quant.mode == "int4_awq":
         w4 = ops.at("w4a16_gemm", site)
         scales = weights[prefix + ".weight_scale"]  # [K/G, N]

@@ -88,8 +88,9 @@ class Decoder:
         if comm is not None:
             self.vocab_start, self.vocab_local = vocab_range(cfg.vocab_size, tp, comm.rank)
         quant = quant or QuantConfig()
+        dtype = weights["embed.weight"].dtype  # the model (activation) dtype
         self.linears = {
-            f"layers.{i}.{name}": make_linear(ops, weights, f"layers.{i}.{name}", quant)
+            f"layers.{i}.{name}": make_linear(ops, weights, f"layers.{i}.{name}", quant, dtype)
             for i in range(cfg.num_layers)
             for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
         }
@@ -101,6 +102,11 @@ class Decoder:
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
             self.swiglu_down = ops.at("swiglu_gemm", "mlp.down")
+        # FP8: the norms and SwiGLU quantize their output for the FP8 GEMM after them (engines
+        # built before these plugins quantize inside the GEMM plugin instead)
+        self.fp8_fused = quant.mode == "fp8" and all(
+            hasattr(ops, n) for n in ("rms_norm_quant_fp8", "swiglu_quant_fp8")
+        )
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
@@ -152,6 +158,9 @@ class Decoder:
         gate_up = self.linears[p + "gate_up"](x)  # [T, 2I / tp]
         if self.swiglu_down is not None:
             out = self.swiglu_down(gate_up, self.w[p + "down.weight"])
+        elif self.fp8_fused:
+            act = self.ops.swiglu_quant_fp8(gate_up, self.w[p + "down.input_scale"])
+            out = self.linears[p + "down"](act)
         else:
             out = self.linears[p + "down"](self.ops.swiglu(gate_up))
         if self.comm is not None:
@@ -173,23 +182,40 @@ class Decoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
-        c, w, ops = self.cfg, self.w, self.ops
+        c, w = self.cfg, self.w
         h = self._embed(input_ids)
         residual = h
-        x = ops.rms_norm(h, w["layers.0.attn_norm.weight"], c.rms_norm_eps)
+        x = self._norm(h, None, w["layers.0.attn_norm.weight"], "layers.0.attn.qkv")
         for i in range(c.num_layers):
             a = self._attention(i, x, positions, meta, kv)
-            x, residual = ops.add_rms_norm(
-                a, residual, w[f"layers.{i}.mlp_norm.weight"], c.rms_norm_eps
+            x, residual = self._norm(
+                a, residual, w[f"layers.{i}.mlp_norm.weight"], f"layers.{i}.mlp.gate_up"
             )
             m = self._mlp(i, x)
-            norm_w = (
-                w[f"layers.{i + 1}.attn_norm.weight"]
-                if i + 1 < c.num_layers
-                else w["final_norm.weight"]
-            )
-            x, residual = ops.add_rms_norm(m, residual, norm_w, c.rms_norm_eps)
+            if i + 1 < c.num_layers:
+                nxt = f"layers.{i + 1}.attn"
+                x, residual = self._norm(m, residual, w[nxt + "_norm.weight"], nxt + ".qkv")
+            else:
+                x, residual = self._norm(m, residual, w["final_norm.weight"], None)
         return x
+
+    def _norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        consumer: str | None,
+    ):
+        """RMSNorm of x (of residual + x, returning the new residual too, when `residual` is
+        given). FP8 engines return it quantized for linear `consumer` (None: the final norm,
+        which the unquantized lm_head reads)."""
+        eps = self.cfg.rms_norm_eps
+        if self.fp8_fused and consumer is not None:
+            scale = self.w[consumer + ".input_scale"]
+            return self.ops.rms_norm_quant_fp8(x, weight, eps, scale, residual)
+        if residual is None:
+            return self.ops.rms_norm(x, weight, eps)
+        return self.ops.add_rms_norm(x, residual, weight, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does).

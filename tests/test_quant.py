@@ -216,3 +216,33 @@ def test_export_matches_modelopt_fake_quant_on_unfused_linears(quantized, mode):
         sc = repack_for_engine(q, p + "weight_scale", out[p + "weight_scale"])
         y = w4a16_linear(x, qw, sc, out[p + "pre_quant_scale"], G)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path):
+    """The FP8 engine's fused norm/SwiGLU quantization is the unfused path bit for bit: each
+    fused op quantizes with the input scale of the GEMM it feeds."""
+    from ingot.compiler.build import build_engine
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.executor import Executor
+    from ingot.runtime.types import SamplingParams
+
+    engine = build_engine(quantized["fp8"], tmp_path / "engine", target="cpu")
+    ex = Executor(load_engine(engine), enable_prefix_reuse=False)
+    assert ex.decoder.fp8_fused
+    prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_new_tokens=1, return_prompt_logits=True)
+
+    def prompt_logits() -> torch.Tensor:
+        req = ex.add_request(prompt, params)
+        ex.run_until_done()
+        return torch.cat(req.prompt_logits)
+
+    fused = prompt_logits()
+    ex.decoder.fp8_fused = False  # quantize inside each FP8 GEMM instead
+    assert torch.equal(prompt_logits(), fused)
+    # a wrong scale would show: feed the qkv GEMMs the gate/up input scales
+    ex.decoder.fp8_fused = True
+    w = ex.decoder.w
+    for i in range(ex.config.model.num_layers):
+        w[f"layers.{i}.attn.qkv.input_scale"] = w[f"layers.{i}.mlp.gate_up.input_scale"] * 3
+    assert not torch.equal(prompt_logits(), fused)

@@ -106,6 +106,8 @@ def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
         d = json.loads((out / "config.json").read_text())
         names = {p["name"] for p in d["plugins"]}
         assert ("fp8_gemm" if mode == "fp8" else "w4a16_gemm") in names
+        fused = {"rms_norm_quant_fp8", "swiglu_quant_fp8"}  # FP8 engines only
+        assert fused <= names if mode == "fp8" else not fused & names
         assert d["extra"]["kernels"] > 0 and (out / "kernels.bin").is_file()
 
 

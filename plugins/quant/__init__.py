@@ -1,4 +1,4 @@
-"""Quantized GEMM plugins (FP8 W8A8, INT4 AWQ W4A16): CPU references now, GPU kernels later."""
+"""Quantized plugins (FP8 W8A8, INT4 AWQ W4A16): CPU references and GPU kernels."""
 
 from __future__ import annotations
 
@@ -6,6 +6,11 @@ from __future__ import annotations
 GEMM_PLUGIN_OF_MODE = {"fp8": "fp8_gemm", "int4_awq": "w4a16_gemm"}
 
 
+# FP8 engines quantize activations inside the op before each FP8 GEMM (norm or SwiGLU).
+FP8_FUSED_PLUGINS = ("rms_norm_quant_fp8", "swiglu_quant_fp8")
+
+
 def unused_plugins(mode: str) -> set[str]:
-    """Quantized GEMM plugins an engine of quantization `mode` does not run."""
-    return {p for m, p in GEMM_PLUGIN_OF_MODE.items() if m != mode}
+    """Quantized plugins an engine of quantization `mode` does not run."""
+    unused = {p for m, p in GEMM_PLUGIN_OF_MODE.items() if m != mode}
+    return unused | (set() if mode == "fp8" else set(FP8_FUSED_PLUGINS))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import Tactic
+from .reference import fp8_matmul, fp8_operand
 from .triton_quantize import QUANTIZE_TACTICS, quantize_fp8
 
 # A tactic is the quantize kernel's configuration; cuBLASLt picks its own GEMM algorithm.
@@ -42,6 +43,9 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 def make_fp8_linear(tactic: Tactic | None = None):
     qtactic = tactic or FP8_GEMM_TACTICS[0]
 
+    def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return quantize_fp8(x, scale, tactic=qtactic)
+
     def fp8_linear(
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -53,20 +57,9 @@ def make_fp8_linear(tactic: Tactic | None = None):
     ) -> torch.Tensor:
         """x: [T, K] (model dtype, or float8_e4m3fn already quantized with input_scale by a
         fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N]."""
-        if x.dtype == torch.float8_e4m3fn:
-            if out_dtype is None:
-                raise ValueError("fp8_gemm: an already-quantized x needs out_dtype")
-            xq = x
-        else:
-            out_dtype = out_dtype or x.dtype
-            xq = quantize_fp8(x, input_scale, tactic=qtactic)  # [T, K] fp8
+        xq, out_dtype = fp8_operand(x, input_scale, out_dtype, quantize)
         if not _scaled_mm_ok(xq, weight, out_dtype):
-            # fp8 values (4 significant bits) are exact in fp32 and even in TF32
-            acc = xq.float() @ weight.float().t()  # [T, N]
-            y = acc * (input_scale.float() * weight_scale.float())
-            if bias is not None:
-                y = y + bias.float()
-            return y.to(out_dtype)
+            return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
         # NOTE: _scaled_mm takes a bias only in the output's dtype (and none for fp32 output).
         fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
         y = torch._scaled_mm(

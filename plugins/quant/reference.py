@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ..activation.reference import swiglu
+from ..norm.reference import add_rms_norm, rms_norm
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT4_ZERO = 8  # implicit zero point of symmetric int4 codes
 
@@ -32,17 +35,64 @@ def fp8_linear(
     weight_scale: torch.Tensor,
     input_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x: [T, K] (bf16/fp16/fp32), weight: [N, K] float8_e4m3fn, scales: float32 [] -> [T, N].
 
     y = (fp8(x / input_scale) @ weight^T) * (input_scale * weight_scale) + bias, in x.dtype.
+    x may also arrive quantized already (float8_e4m3fn, from a fused producer such as
+    `rms_norm_quant_fp8`); then `out_dtype` says the output dtype.
     """
-    xq = quantize_fp8(x, input_scale)  # [T, K] fp8
-    acc = xq.float() @ weight.float().t()  # [T, N] fp32, exact products of fp8 values
+    xq, out_dtype = fp8_operand(x, input_scale, out_dtype, quantize_fp8)
+    return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
+
+
+def fp8_operand(x, input_scale, out_dtype, quantize) -> tuple[torch.Tensor, torch.dtype]:
+    """(fp8 x, output dtype) of an FP8 GEMM: x quantized by `quantize(x, input_scale)`, unless
+    a fused producer already did (then the output dtype must be given)."""
+    if x.dtype == torch.float8_e4m3fn:
+        if out_dtype is None:
+            raise ValueError("fp8_gemm: an already-quantized x needs out_dtype")
+        return x, out_dtype
+    return quantize(x, input_scale), out_dtype or x.dtype
+
+
+def fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype) -> torch.Tensor:
+    """fp8 [T, K] x fp8 [N, K]^T in fp32 (products of fp8 values are exact), scaled, + bias."""
+    acc = xq.float() @ weight.float().t()  # [T, N]
     y = acc * (input_scale.float() * weight_scale.float())
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    return y.to(out_dtype)
+
+
+def rms_norm_quant_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    input_scale: torch.Tensor,
+    residual: torch.Tensor | None = None,
+):
+    """RMSNorm (after the residual add when `residual` is given), rounded to x.dtype, then
+    quantized for the FP8 GEMM it feeds: fp8 [T, D], or (fp8, new residual) with residual."""
+    if residual is None:
+        return quantize_fp8(rms_norm(x, weight, eps), input_scale)
+    y, new_residual = add_rms_norm(x, residual, weight, eps)
+    return quantize_fp8(y, input_scale), new_residual
+
+
+def swiglu_quant_fp8(gate_up: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] -> fp8 [T, I] = quantize_fp8(silu(gate) * up, input_scale)."""
+    return quantize_fp8(swiglu(gate_up), input_scale)
+
+
+def make_rms_norm_quant_fp8(tactic=None):
+    return rms_norm_quant_fp8
+
+
+def make_swiglu_quant_fp8(tactic=None):
+    return swiglu_quant_fp8
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:

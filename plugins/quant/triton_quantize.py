@@ -8,8 +8,9 @@ round the same way; doing it explicitly keeps the CPU interpreter (whose float8 
 exact too. The fused variants first round their result to the activation dtype, as the unfused
 op would before the GEMM quantized it, so fused and unfused engines quantize the same values.
 
-NOTE: the fused variants are not wired into the decoder yet; the FP8 GEMM takes their output
-through `fp8_gemm(..., out_dtype=...)` with an already-quantized x.
+The fused variants are the `rms_norm_quant_fp8` and `swiglu_quant_fp8` plugins an FP8 engine's
+decoder runs before its GEMMs; the FP8 GEMM takes their output through
+`fp8_gemm(..., out_dtype=...)` with an already-quantized x.
 """
 
 from __future__ import annotations
@@ -200,3 +201,24 @@ def swiglu_quant_fp8(
             num_warps=num_warps,
         )  # fmt: skip
     return out
+
+
+def make_rms_norm_quant_fp8(tactic: Tactic | None = None):
+    """The `rms_norm_quant_fp8` plugin (the reference's contract)."""
+    warps = int((tactic or QUANTIZE_TACTICS[0]).as_dict()["num_warps"])
+
+    def fused(x, weight, eps, input_scale, residual=None):
+        return rms_norm_quant_fp8(x, weight, eps, input_scale, residual, num_warps=warps)
+
+    return fused
+
+
+def make_swiglu_quant_fp8(tactic: Tactic | None = None):
+    """The `swiglu_quant_fp8` plugin (the reference's contract)."""
+    p = (tactic or QUANTIZE_TACTICS[0]).as_dict()
+    block, warps = int(p["block"]), int(p["num_warps"])
+
+    def fused(gate_up, input_scale):
+        return swiglu_quant_fp8(gate_up, input_scale, block=block, num_warps=warps)
+
+    return fused
