@@ -7,6 +7,7 @@
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json)               ~1 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager (bench_engine.json)        ~5 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
+#   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -47,7 +48,13 @@ for stage in "${@:-tests}"; do
       timeout "${GRID_TIMEOUT:-540}" bash scripts/bench_grid.sh /tmp/ingot-grid > "$OUT/grid.log" 2>&1 || rc=1
       cp /tmp/ingot-grid/grid-standard.* "$OUT/" 2>/dev/null
       tail -40 "$OUT/grid.log" ;;
-    *) echo "unknown stage $stage (tests|kernels|bench|grid)"; exit 2 ;;
+    quant)
+      timeout "${QUANT_TIMEOUT:-540}" bash scripts/bench_quant.sh /tmp/ingot-quant-out \
+        > "$OUT/quant.log" 2>&1 || rc=1
+      cp /tmp/ingot-quant-out/summary.json "$OUT/quant_summary.json" 2>/dev/null
+      tar czf "$OUT/quant_results.tgz" -C /tmp/ingot-quant-out . 2>/dev/null
+      tail -40 "$OUT/quant.log" ;;
+    *) echo "unknown stage $stage (tests|kernels|bench|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Quantized engines beside the BF16 engine, one model, one run (issue: quantization benchmarks).
+#
+#   bash scripts/bench_quant.sh OUT_DIR [--tiny]
+#
+# Makes a Llama-3.1-8B-shaped model with random bf16 weights (nothing downloaded; --tiny: a
+# tiny one, for a CPU smoke test), converts it three ways (bf16; fp8 with an FP8 KV cache;
+# int4_awq), calibrating with ModelOpt on the GPU, builds each engine, then runs `ingot bench`:
+# latency (batch 1, 128/128) for each, and for FP8 throughput at 128/128, 2048/2048 and
+# 2048/128 (BF16 throughput at those shapes is in the standard grid). Results:
+# OUT_DIR/<mode>/{latency,tput_*}/*.json and OUT_DIR/summary.json (convert/build seconds, the
+# headline figures side by side). MODES="bf16 fp8" (say) runs a subset; TPUT_MODES picks the
+# modes that get throughput points (default fp8); REQUESTS_128 / REQUESTS_2048 set their size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
+tiny=${2:-}
+work=${WORK:-/tmp/ingot-quant}
+mkdir -p "$out" "$work"
+device=cuda target=auto batch=512
+requests_128=${REQUESTS_128:-1024} requests_2048=${REQUESTS_2048:-128}
+calib=(--calib-size 32 --calib-max-seq-len 512 --device cuda)
+if [[ "$tiny" == "--tiny" ]]; then
+  device=cpu target=cpu requests_128=8 requests_2048=2 batch=8
+  calib=(--calib-size 4 --calib-max-seq-len 64 --device cpu)
+fi
+timings="$out/timings.txt"
+: > "$timings"
+lap() { echo "$1 $(( SECONDS - start ))" >> "$timings"; }
+
+start=$SECONDS
+python3 - "$work/hf" "$device" "$tiny" <<'PY'
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, "scripts")
+from bench_engine import LLAMA_8B, TINY, make_model  # noqa: E402
+
+shape = dict(TINY, hidden_size=128, intermediate_size=256) if sys.argv[3] else LLAMA_8B
+make_model(shape, torch.device(sys.argv[2]), Path(sys.argv[1]))
+PY
+lap make_model
+
+declare -A quant=([bf16]="" [fp8]="--quant fp8 --kv-cache-dtype fp8" [int4_awq]="--quant int4_awq")
+for mode in ${MODES:-bf16 fp8 int4_awq}; do
+  start=$SECONDS
+  # shellcheck disable=SC2086  # the quant flags split into words on purpose
+  ingot convert-checkpoint --model-dir "$work/hf" --output-dir "$work/ckpt-$mode" --force \
+    ${quant[$mode]} $( [[ -n "${quant[$mode]}" ]] && echo "${calib[@]}" )
+  lap "convert_$mode"
+  start=$SECONDS
+  ingot build-engine --checkpoint-dir "$work/ckpt-$mode" --output-dir "$work/engine-$mode" \
+    --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
+    --tokens-per-block 32 --force
+  lap "build_$mode"
+  rm -rf "$work/ckpt-$mode"
+  ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
+    --output-dir "$out/$mode" --force
+  if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
+    for shape in "128 128 $requests_128" "2048 2048 $requests_2048" "2048 128 $requests_2048"; do
+      read -r i o n <<< "$shape"
+      ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
+        --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
+    done
+  fi
+  rm -rf "$work/engine-$mode"  # NOTE: 16 GB each on the GPU machine's disk
+done
+python3 - "$out" <<'PY'
+import json
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines())}
+for mode in ("bf16", "fp8", "int4_awq"):
+    if not (out / mode / "latency.json").is_file():
+        continue
+    lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
+    row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
+           "decode_roofline": lat["decode"], "latency": lat}
+    for p in sorted((out / mode).glob("tput_*/throughput.json")):
+        res = json.loads(p.read_text())["results"][0]["ingot"]
+        row[p.parent.name + "_output_tok_s"] = res["output_tok_s"]
+    summary[mode] = row
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
+                  for m, r in summary.items() if m != "seconds"}, indent=2))
+PY
