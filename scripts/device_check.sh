@@ -3,7 +3,8 @@
 # under $OUT (the device tool's output folder). Each stage fits one 10-minute device call.
 #
 # Usage: bash scripts/device_check.sh STAGE...
-#   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~2 min
+#   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~4 min
+#            (TESTS="tests/test_x.py ..." runs a subset)
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json)               ~1 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager (bench_engine.json)        ~5 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
@@ -29,7 +30,7 @@ for stage in "${@:-tests}"; do
   case "$stage" in
     tests)
       timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
-        --durations=15 tests \
+        --durations=15 ${TESTS:-tests} \
         > "$OUT/gpu_tests.log" 2>&1 || rc=1
       tail -15 "$OUT/gpu_tests.log" ;;
     kernels)
