@@ -61,27 +61,35 @@ def check_swiglu_gemv() -> None:
         assert torch.equal(fused, unfused), (fused - unfused).abs().max()
 
 
-def main(family: str) -> None:
+def main(family: str, quant: str = "none") -> None:
+    """quant "fp8": an FP8 engine with an FP8 KV cache (the fused norm/SwiGLU quantization,
+    the FP8 KV write and attention kernels; the GEMM's cuBLASLt call takes its CPU fallback)."""
     from ingot.compiler.build import build_engine
     from ingot.compiler.convert import convert_checkpoint
     from ingot.compiler.examples import make_tiny_hf_model
+    from ingot.compiler.quantize import QuantOptions
     from ingot.compiler.tactic_select import default_choices
+    from ingot.plugins.quant import unused_plugins
     from ingot.runtime.engine import load_engine
     from ingot.runtime.executor import Executor
     from ingot.runtime.types import SamplingParams
 
     cg.capture_graphs = _record_graphs
     root = Path(tempfile.mkdtemp())
+    opts = None
+    if quant == "fp8":
+        opts = QuantOptions("fp8", "fp8", calib_size=4, calib_max_seq_len=64, device="cpu")
     hf = make_tiny_hf_model(family, root / "hf", seed=5)
-    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
+    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32", quant=opts)
     build = {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 64, "tokens_per_block": 16}
     cpu = load_engine(build_engine(ckpt, root / "cpu", target="cpu", overrides=build))
     m = cpu.config.model
     # the same weights, bound to the GPU plugins (default tactics) instead of the references
+    unused = unused_plugins(cpu.config.quant.mode)
     gpu_cfg = dataclasses.replace(
         cpu.config,
         build=dataclasses.replace(cpu.config.build, target="sm_90"),
-        plugins=tuple(default_choices("sm_90", m)),
+        plugins=tuple(c for c in default_choices("sm_90", m) if c.name not in unused),
     )
     gpu = dataclasses.replace(cpu, config=gpu_cfg)
     prompts = random_prompts(m.vocab_size, seed=5)
@@ -107,9 +115,10 @@ def main(family: str) -> None:
     assert batched == ref, (batched, ref)
     assert alone == ref[:3], (alone, ref[:3])
     assert used["decode"] > 0 and used["prefill"] >= 3, used
+    assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     check_swiglu_gemv()
-    print("ok", family, used)
+    print("ok", family, quant, used)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
