@@ -329,9 +329,12 @@ def compile_bundle(
     gpu = parse_target(target)
     backend = make_backend(gpu)
     entries, files = [], []
+    stub_errors = 0
     for spec in dict.fromkeys(specs):
         fn, src, options = _replay(spec, backend)
         kernel = triton.compile(src, target=gpu, options=options.__dict__)
+        if host_stubs_from is not None:
+            stub_errors += _build_launcher(kernel)
         by_name = {Path(p).name: Path(p) for p in kernel.metadata_group.values()}
         kept = [n for n in sorted(by_name) if n.endswith(_KEEP_EXT)]
         entries.append({
@@ -348,8 +351,23 @@ def compile_bundle(
         "format": FORMAT_VERSION, "triton_version": triton.__version__, "target": target_name(gpu),
         "ptxas": backend.hash(), "env_vars": _local_env(), "kernels": entries, "host_stubs": stubs,
         "host_abi": sysconfig.get_config_var("EXT_SUFFIX") if stubs else None,
+        "host_stub_errors": stub_errors,
     }  # fmt: skip
     return _pack(manifest, files)
+
+
+def _build_launcher(kernel: Any) -> int:
+    """Build `kernel`'s C launcher into the current cache dir (a GPU build), as its first launch
+    would: the bundle then ships a launcher for every kernel, not only for those the tactic
+    timing happened to launch. Returns 1 when it could not be built (the runtime then builds
+    it at the first launch, as without a bundle), else 0."""
+    from triton.runtime.driver import driver
+
+    try:
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # NOTE: an optimisation only; the engine stays correct without it
+        return 1
+    return 0
 
 
 def _add(files: list[bytes], data: bytes, name: str) -> dict[str, Any]:
