@@ -233,6 +233,23 @@ else:
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
         assert rel_err(out, ref) < tol
 
+    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("target", [1, 12, 1024])
+    def test_decode_split_plans(fp8, target, monkeypatch):
+        """Fewer, longer splits as the batch grows (one split: no partials, no reduce)."""
+        monkeypatch.setattr(dec, "_TARGET_PROGRAMS", target)
+        torch.manual_seed(9)
+        ctx = [5, 70, 33]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, torch.float32, fp8)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        tactic = dec.DECODE_TACTICS[3]  # partition 64, block_n 32
+        splits, part = dec.split_plan(3 * HKV, 256, 64, 32)
+        assert (splits, part) == {1: (1, 256), 12: (2, 128), 1024: (4, 64)}[target]
+        out = torch.full_like(q, float("nan"))
+        fn = dec.make_decode_attention(tactic)
+        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, max_context_len=256, **scales)
+        assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
+
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too
     SMALL_TILES = [
         pf.PREFILL_TACTICS[5],

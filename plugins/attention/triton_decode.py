@@ -3,7 +3,7 @@ entry point that dispatches between it and the prefill kernel.
 
 Decode is flash-decoding with GQA packing. Grid (sequence, kv head, split): one program takes
 one kv head's group of G query heads (a [G, hd] tile, padded to 16 rows for the tensor cores)
-so K/V are read once per group, over one PARTITION of the context. With more than one split,
+so K/V are read once per group, over one partition of the context. With more than one split,
 each program writes its unnormalised accumulator and (max, sum) in base 2, and a second small
 kernel (grid (sequence, q head)) merges the splits a sequence actually uses. Splits past a
 sequence's context return at once, so the grid can be sized by an upper bound on the context
@@ -47,6 +47,24 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
 )
 
 _REDUCE_SPLITS = 16  # splits merged per step of the reduce kernel's loop
+# Programs (sequence x kv head x split) that keep the GPU busy. Splitting a context only pays
+# while sequences x kv heads alone are fewer; a constant (not the SM count) so the AOT dry run
+# on `meta` picks the same split plan as the GPU.
+_TARGET_PROGRAMS = 1024
+
+
+def split_plan(
+    rows: int, max_context_len: int, min_partition: int, block_n: int
+) -> tuple[int, int]:
+    """(number of splits, keys per split) for `rows` = sequences x kv heads: as many splits of
+    `min_partition` keys as `max_context_len` needs, but no more than it takes to reach
+    _TARGET_PROGRAMS programs; a split then covers more keys (a multiple of block_n). Large
+    batches get one split: no partials, no reduce kernel, and no grid of programs that exit
+    at once because the graph's grid is sized for max_seq_len."""
+    by_context = max(1, triton.cdiv(max_context_len, min_partition))
+    splits = max(1, min(by_context, triton.cdiv(_TARGET_PROGRAMS, max(rows, 1))))
+    part = triton.cdiv(triton.cdiv(max(max_context_len, 1), splits), block_n) * block_n
+    return splits, max(part, min_partition)
 
 
 @triton.jit
@@ -67,6 +85,7 @@ def _decode_kernel(
     HD,
     BS,
     NUM_SPLITS,
+    partition,
     sqt,
     sqh,
     sot,
@@ -79,7 +98,6 @@ def _decode_kernel(
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
-    PARTITION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     G_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -88,12 +106,12 @@ def _decode_kernel(
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
-    start = sp * PARTITION
+    start = sp * partition
     lo = start
     if USE_WINDOW:
         # the query sits at ctx - 1 and sees keys > ctx - 1 - window
         lo = tl.maximum(start, (tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N)
-    end = tl.minimum(start + PARTITION, ctx)
+    end = tl.minimum(start + partition, ctx)
     if lo < end:
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D_PAD)
@@ -163,10 +181,10 @@ def _decode_reduce_kernel(
     window,
     HD,
     NUM_SPLITS,
+    partition,
     sot,
     soh,
     USE_WINDOW: tl.constexpr,
-    PARTITION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SB: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -174,10 +192,10 @@ def _decode_reduce_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
-    n_hi = tl.cdiv(ctx, PARTITION)
+    n_hi = tl.cdiv(ctx, partition)
     s_lo = 0
     if USE_WINDOW:
-        s_lo = ((tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N) // PARTITION
+        s_lo = ((tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N) // partition
     d = tl.arange(0, D_PAD)
     base = (b * tl.num_programs(1) + h).to(tl.int64) * NUM_SPLITS
     m_run = tl.max(tl.full([SB], -1.0e30, tl.float32), axis=0)
@@ -229,7 +247,7 @@ def launch_decode(
     block_n = min(int(params.get("block_n", 64)), part)
     num_warps = int(params.get("num_warps", 4))
     num_stages = int(params.get("num_stages", 2))
-    num_splits = max(1, triton.cdiv(max_context_len, part))
+    num_splits, part = split_plan(B * hkv, max_context_len, part, block_n)
     d_pad = max(16, triton.next_power_of_2(hd))
     split = num_splits > 1
     if split:
@@ -256,6 +274,7 @@ def launch_decode(
         hd,
         k_cache.shape[1],
         num_splits,
+        part,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -268,7 +287,6 @@ def launch_decode(
         USE_WINDOW=use_window,
         IEEE=q.dtype == torch.float32,
         KV_FP8=fp8,
-        PARTITION=part,
         BLOCK_N=block_n,
         G_PAD=max(16, triton.next_power_of_2(g)),
         D_PAD=d_pad,
@@ -284,10 +302,10 @@ def launch_decode(
             int(window),
             hd,
             num_splits,
+            part,
             out.stride(0),
             out.stride(1),
             USE_WINDOW=use_window,
-            PARTITION=part,
             BLOCK_N=block_n,
             SB=_REDUCE_SPLITS,
             D_PAD=d_pad,
