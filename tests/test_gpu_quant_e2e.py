@@ -2,18 +2,19 @@
 and INT4 AWQ engines give the CPU reference engine's greedy tokens on >= 95% of steps.
 
 One checkpoint per mode (calibrated on the CPU), built twice: for the CPU and for this GPU.
-NOTE: float32 activations. A tiny random model's logits are near ties (top-1 margins of a few
-tenths of a nat), so in bf16 the GPU kernels' other summation order flips a token early and the
-request's context differs from then on (the 12:45 H200 round measured 32-80% in bf16); fp32
-keeps the comparison about the quantized arithmetic, which both sides share bit for bit up to
-the accumulation order.
+NOTE: the tiny model is first trained to map each token to a fixed other one
+(`train_next_token_map`). With random weights the top-1 margins are a few tenths of a nat, and
+FP8 activation quantization turns the GPU's other summation order into whole fp8 steps: on
+the CPU, 1e-5 relative noise in the FP8 GEMM outputs already dropped the strict agreement of a
+random model to 55% (1e-4: 35%, what the H200 measured). The trained model keeps 100% under
+2e-2 (tests/test_quant.py checks that on the CPU), so this test is about the kernels.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from reference_runs import random_prompts, serve_staggered
+from reference_runs import random_prompts, serve_staggered, strict_agreement, train_next_token_map
 
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
@@ -39,19 +40,6 @@ MODES = {
 }
 
 
-def strict_agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    """Fraction of steps equal; after a request's first mismatch its later steps all count as
-    misses (its context differs from then on)."""
-    agree = total = 0
-    for x, y in zip(a, b, strict=True):
-        total += len(x)
-        for s, t in zip(x, y, strict=True):
-            if s != t:
-                break
-            agree += 1
-    return agree / total
-
-
 CASES = [(m, f) for m in MODES for f in ("llama", "qwen2")]
 CASES = [c for c in CASES if c[0] in ("fp8", "int4_awq") or c[1] == "llama"]
 
@@ -63,10 +51,9 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     weights, kv = MODES[mode]
     if "fp8" in (weights, kv) and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs SM >= 89")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    hf = make_tiny_hf_model(family, tmp_path / "hf", seed=4, **SIZES)
+    hf = train_next_token_map(make_tiny_hf_model(family, tmp_path / "hf", seed=4, **SIZES))
     opts = QuantOptions(weights, kv, calib_size=8, calib_max_seq_len=64, device="cpu")
-    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32", quant=opts)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16", quant=opts)
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     # FP8 tactics timed here; INT4's timed choice (10 tactics x 4 sites) is the slow part of a
     # build, so the test takes the default table for it
