@@ -10,12 +10,17 @@ from .errors import ConfigError
 CPU_KV_BUDGET_BYTES = 4 << 30
 
 
+def kv_bytes_per_token(cfg: ModelConfig, element_size: int, tp: int = 1) -> int:
+    """K and V of one token over all layers, on one rank (tp: num_kv_heads / tp heads)."""
+    return cfg.num_layers * 2 * (cfg.kv_size // tp) * element_size
+
+
 def kv_bytes_per_block(
     cfg: ModelConfig, tokens_per_block: int, dtype: torch.dtype, tp: int = 1
 ) -> int:
     """One block of one rank's KV pool (tp: num_kv_heads / tp heads)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return cfg.num_layers * 2 * tokens_per_block * (cfg.kv_size // tp) * elem
+    return tokens_per_block * kv_bytes_per_token(cfg, elem, tp)
 
 
 def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:

@@ -60,11 +60,6 @@ def decode_weight_bytes(weights: Mapping[str, torch.Tensor], model: ModelConfig)
     return total
 
 
-def kv_bytes_per_token(model: ModelConfig, kv_element_size: int) -> int:
-    """K and V of one token over all layers."""
-    return model.num_layers * 2 * model.kv_size * kv_element_size
-
-
 @dataclass(frozen=True)
 class DecodeStep:
     """One decode-only step: its wall time, sequences in it (= tokens made), KV tokens read."""

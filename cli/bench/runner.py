@@ -16,12 +16,13 @@ import torch
 
 from ingot.runtime.engine import read_engine_config
 from ingot.runtime.errors import ConfigError
+from ingot.runtime.memory import kv_bytes_per_token
 from ingot.runtime.version import INGOT_VERSION
 
 from .ingot_driver import IngotDriver
 from .metrics import compare, summarize
 from .points import Options, Point, build_points
-from .roofline import Roofline, decode_weight_bytes, kv_bytes_per_token, measure_bandwidth
+from .roofline import Roofline, decode_weight_bytes, measure_bandwidth
 from .workload import synthetic
 
 SCHEMA = "ingot-bench"
