@@ -30,7 +30,7 @@ for stage in "${@:-tests}"; do
   case "$stage" in
     tests)
       timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
-        --durations=15 ${TESTS:-tests} \
+        --durations=15 --junitxml="$OUT/gpu_tests.xml" ${TESTS:-tests} \
         > "$OUT/gpu_tests.log" 2>&1 || rc=1
       tail -15 "$OUT/gpu_tests.log" ;;
     kernels)
