@@ -1,0 +1,55 @@
+"""The AOT dry run (compiler/kernel_bundle.py) at production shapes, on the CPU: every decode
+split plan the CUDA graphs use is among the recorded launches, so none compiles at load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
+
+from ingot.compiler.checkpoint import expected_tensor_shapes  # noqa: E402
+from ingot.compiler.kernel_bundle import engine_launches  # noqa: E402
+from ingot.compiler.tactic_select import default_choices  # noqa: E402
+from ingot.plugins.attention import triton_decode as dec  # noqa: E402
+from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig  # noqa: E402
+from ingot.runtime.cuda_graphs import batch_buckets  # noqa: E402
+
+LLAMA_8B = ModelConfig(
+    architecture="LlamaForCausalLM",
+    family="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+)
+
+
+def _constexpr(spec, fn, name: str):
+    return spec.args[fn.arg_names.index(name)]
+
+
+def test_dry_run_records_every_decode_split_plan():
+    m = LLAMA_8B
+    b = BuildConfig(max_batch_size=256, max_seq_len=8192, tokens_per_block=32, target="sm_90")
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    plugins = tuple(default_choices("sm_90", m))
+    specs = engine_launches(m, QuantConfig(), b, plugins, shapes)
+    names = {s.fn.rsplit(":", 1)[-1] for s in specs}
+    assert {"_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"} <= names
+    fn = dec._decode_kernel
+    recorded = {_constexpr(s, fn, "SPLIT") for s in specs if s.fn.endswith(":_decode_kernel")}
+    # what the decode graphs launch, bucket by bucket (the engine's default decode tactic)
+    params = dec.DECODE_TACTICS[0].as_dict()
+    block_n = min(params["block_n"], params["partition"])
+    wanted = {
+        dec.split_plan(bs * m.num_kv_heads, b.max_seq_len, params["partition"], block_n)[0] > 1
+        for bs in batch_buckets(b.max_batch_size)
+    }
+    assert wanted == {True, False}  # small batches split the context, large ones do not
+    assert wanted <= recorded
