@@ -47,8 +47,9 @@ def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
     )
 
 
-# NOTE: untimed guesses until the H200 run (scripts/ benchmarks); the first of each is the
-# default when cross-building without a GPU. Decode: BLOCK_N * BLOCK_K * next_pow2(T) fp32
+# NOTE: a build on the GPU times these per use site (compiler/tactic_select.py); the first of
+# each is the default when cross-building without a GPU, a guess until the H200 benchmarks
+# (scripts/bench_quant.sh) pick better. Decode: BLOCK_N * BLOCK_K * next_pow2(T) fp32
 # products per program stay <= 64 registers per thread.
 DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(64, 128, 4, 4, 3, 2),
