@@ -101,6 +101,9 @@ class DecodeGraphs:
         self.h_tables = h[4].reshape(n, w)
         self.ids, self.pos, self.slots, self.ctx = d[:4]
         self.tables = d[4].view(n, w)
+        # a bucket's graph reads rows [:bucket] only: a step copies the buffer up to the end of
+        # those table rows (the tables are the last segment), not all max_batch_size rows
+        self._tables_at, self._width = d[4].storage_offset(), w
         self.qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
         self.logits: dict[int, torch.Tensor] = {}
@@ -122,14 +125,15 @@ class DecodeGraphs:
         logits = self.decoder.logits(hidden)
         return logits, logits.argmax(dim=-1)
 
-    def _pad_rows(self, start: int) -> None:
-        """Point rows [start:] at the scratch block (host side)."""
+    def _pad_rows(self, start: int, stop: int | None = None) -> None:
+        """Point rows [start:stop] at the scratch block (host side)."""
         scratch = self.kv.scratch_block
-        self.h_ids[start:] = 0
-        self.h_pos[start:] = 0
-        self.h_slots[start:] = scratch * self.kv.tokens_per_block
-        self.h_ctx[start:] = 1
-        self.h_tables[start:] = scratch
+        rows = slice(start, stop)
+        self.h_ids[rows] = 0
+        self.h_pos[rows] = 0
+        self.h_slots[rows] = scratch * self.kv.tokens_per_block
+        self.h_ctx[rows] = 1
+        self.h_tables[rows] = scratch
 
     def _capture_all(self) -> None:
         self._pad_rows(0)
@@ -151,8 +155,9 @@ class DecodeGraphs:
         self.h_slots[:b] = plan.slot_mapping
         self.h_ctx[:b] = plan.context_lens
         self.h_tables[:b] = plan.block_tables
-        self._pad_rows(b)
-        self.dev.copy_(self.host, non_blocking=True)
+        self._pad_rows(b, bucket)
+        end = self._tables_at + bucket * self._width
+        self.dev[:end].copy_(self.host[:end], non_blocking=True)
         self.graphs[bucket].replay()
         return self.logits[bucket][:b], self.greedy[bucket][:b]
 
