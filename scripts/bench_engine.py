@@ -83,7 +83,11 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def hf_measure(model, device, vocab: int, args) -> dict:
-    def gen(batch: list[list[int]], new: int) -> float:
+    from transformers import LogitsProcessorList
+
+    from ingot.cli.bench.hf_baseline import StepStamps
+
+    def gen(batch: list[list[int]], new: int, stamps: StepStamps | None = None) -> float:
         ids = torch.tensor(batch, device=device)
         sync(device)
         t = time.perf_counter()
@@ -94,20 +98,23 @@ def hf_measure(model, device, vocab: int, args) -> dict:
                 do_sample=False,
                 max_new_tokens=new,
                 pad_token_id=0,
+                logits_processor=LogitsProcessorList([stamps] if stamps else []),
             )
         sync(device)
         return time.perf_counter() - t
 
-    gen(prompts(1, 16, vocab, 1), 4)  # warm-up
+    gen(prompts(1, 16, vocab, 1), 8)  # warm-up (decode shapes too)
     ttft = {
         n: statistics.median(gen(prompts(1, n, vocab, 10 + i), 1) for i in range(3))
         for n in args.ttft_lens
     }
-    total = gen(prompts(1, 128, vocab, 20), args.decode_tokens)
-    decode_s = total - ttft.get(128, 0.0)
+    # decode: time between the first and the last token's logits (as `ingot bench` does)
+    stamps = StepStamps(device, time.perf_counter())
+    gen(prompts(1, 128, vocab, 20), args.decode_tokens, stamps)
+    decode_s = stamps.times[-1] - stamps.times[0]
     tput = gen(prompts(args.batch, args.tput_in, vocab, 30), args.tput_out)
     return {
-        "decode_b1_tok_s": (args.decode_tokens - 1) / decode_s,
+        "decode_b1_tok_s": (len(stamps.times) - 1) / decode_s,
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
     }

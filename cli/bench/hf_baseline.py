@@ -20,7 +20,7 @@ from .roofline import DecodeStep
 from .workload import Workload
 
 
-class _Stamp:
+class StepStamps:
     """Logits processor that records when each generation step's logits are ready."""
 
     def __init__(self, device: torch.device, t0: float) -> None:
@@ -101,7 +101,7 @@ class HFDriver:
         for row, it in enumerate(items):  # left padding: prompts end where generation starts
             ids[row, width - it.input_len :] = torch.tensor(it.prompt_ids)
             mask[row, width - it.input_len :] = 1
-        stamp = _Stamp(self.device, t0)
+        stamp = StepStamps(self.device, t0)
         with torch.no_grad():
             self.model.generate(
                 ids.to(self.device),
