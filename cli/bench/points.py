@@ -76,28 +76,19 @@ def _workload(o: Options, name: str, n: int, m: ModelConfig) -> Workload:
     return synthetic(n, o.input_len, o.output_len, m.vocab_size, seed, o.shared_prefix_len)
 
 
-def _hf_n(o: Options, n: int) -> int:
-    return n if o.hf_num_requests is None else max(1, min(o.hf_num_requests, n))
+def _hf_share(o: Options, w: Workload) -> dict:
+    """The baseline's share of a point's workload: its first requests, outputs maybe capped."""
+    n = len(w) if o.hf_num_requests is None else max(1, min(o.hf_num_requests, len(w)))
+    return {"hf_num_requests": n, "hf_max_output_len": o.hf_max_output_len}
 
 
 def latency_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
     name = f"latency_in{o.input_len}_out{o.output_len}"
     w = _workload(o, name, o.num_requests or 5, m)
-    return [
-        Point(
-            name,
-            "latency",
-            w,
-            1,
-            _hf_n(o, len(w)),
-            batch_size=1,
-            hf_max_output_len=o.hf_max_output_len,
-        )
-    ]
+    return [Point(name, "latency", w, 1, batch_size=1, **_hf_share(o, w))]
 
 
 def throughput_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
-    cap = {"hf_max_output_len": o.hf_max_output_len}
     shape = "dataset" if o.dataset else f"in{o.input_len}_out{o.output_len}"
     points = []
     for bs in o.batch_sizes or (None,):
@@ -108,21 +99,18 @@ def throughput_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]
             )
         name = f"throughput_{shape}" + (f"_b{bs}" if bs else "")
         w = _workload(o, name, o.num_requests or bs or b.max_batch_size, m)
-        hf_n = _hf_n(o, len(w))
-        points.append(
-            Point(name, "throughput", w, bs, hf_n, batch_size=bs or b.max_batch_size, **cap)
-        )
+        batch = bs or b.max_batch_size
+        points.append(Point(name, "throughput", w, bs, batch_size=batch, **_hf_share(o, w)))
     return points
 
 
 def serve_points(o: Options, m: ModelConfig, b: BuildConfig) -> list[Point]:
-    cap = {"hf_max_output_len": o.hf_max_output_len}
     points = []
     for rate in o.request_rates or (2.0, 8.0, 32.0):
         name = f"serve_in{o.input_len}_out{o.output_len}_rate{rate:g}"
         seed = point_seed(o.seed, name)
         w = with_poisson_arrivals(_workload(o, name, o.num_requests or 32, m), rate, seed)
-        points.append(Point(name, "serve", w, None, _hf_n(o, len(w)), request_rate=rate, **cap))
+        points.append(Point(name, "serve", w, None, request_rate=rate, **_hf_share(o, w)))
     return points
 
 
