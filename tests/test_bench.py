@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from model_shapes import LLAMA_3_1_8B
 from typer.testing import CliRunner
 
 from ingot.cli.bench import Options
@@ -28,7 +29,7 @@ from ingot.cli.bench_cmd import bench_cmd
 from ingot.cli.main import user_errors
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
-from ingot.runtime.config import BuildConfig, ModelConfig
+from ingot.runtime.config import BuildConfig
 from ingot.runtime.engine import load_engine
 
 app = typer.Typer()
@@ -239,18 +240,7 @@ def test_workloads_are_reproducible(tmp_path):
 
 
 def test_standard_grid_is_the_h200_grid():
-    m = ModelConfig(
-        architecture="LlamaForCausalLM",
-        family="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-    )
+    m = LLAMA_3_1_8B
     b = BuildConfig(max_batch_size=256, max_seq_len=8192, target="sm_90")
     points = build_points(Options(mode="grid"), m, b, grid="standard")
     modes = [p.mode for p in points]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_shapes import LLAMA_3_1_8B
 
 pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
@@ -12,21 +13,8 @@ from ingot.compiler.checkpoint import expected_tensor_shapes  # noqa: E402
 from ingot.compiler.kernel_bundle import engine_launches  # noqa: E402
 from ingot.compiler.tactic_select import default_choices  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
-from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig  # noqa: E402
+from ingot.runtime.config import BuildConfig, QuantConfig  # noqa: E402
 from ingot.runtime.cuda_graphs import batch_buckets  # noqa: E402
-
-LLAMA_8B = ModelConfig(
-    architecture="LlamaForCausalLM",
-    family="llama",
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    max_position_embeddings=131072,
-)
 
 
 def _constexpr(spec, fn, name: str):
@@ -34,7 +22,7 @@ def _constexpr(spec, fn, name: str):
 
 
 def test_dry_run_records_every_decode_split_plan():
-    m = LLAMA_8B
+    m = LLAMA_3_1_8B
     b = BuildConfig(max_batch_size=256, max_seq_len=8192, tokens_per_block=32, target="sm_90")
     shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
