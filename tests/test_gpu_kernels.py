@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import rel_err
 
 from ingot.plugins.activation import reference as act_ref
 from ingot.plugins.activation import triton_kernels as act_tk
@@ -32,12 +33,6 @@ pytestmark = [
 DEV = "cuda"
 BF16 = torch.bfloat16
 TOL = 1e-2
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    assert not torch.isnan(out).any(), "NaN in output (unwritten element or bad masking)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def nan_like(t: torch.Tensor, shape=None, dtype=None) -> torch.Tensor:

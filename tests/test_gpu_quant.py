@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import rel_err, same_bits
 
 from ingot.plugins.attention import reference as attn_ref
 from ingot.plugins.attention import triton_decode as dec
@@ -34,18 +35,8 @@ SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 TS = [1, 2, 4, 7, 64, 300]
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    assert not torch.isnan(out).any(), "NaN in output (unwritten element or bad masking)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 def ids(tactics):
     return [t.name for t in tactics]
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype == F8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def sm() -> int:

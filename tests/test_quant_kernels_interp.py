@@ -34,6 +34,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
+    from kernel_checks import rel_err, same_bits
 
     from ingot.plugins.attention import reference as attn_ref
     from ingot.plugins.attention import triton_decode as dec
@@ -46,14 +47,6 @@ else:
     from ingot.plugins.registry import Tactic
 
     F8 = torch.float8_e4m3fn
-
-    def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-        out, ref = out.double(), ref.double()
-        assert not torch.isnan(out).any(), "NaN in output (unwritten element or bad masking)"
-        return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-    def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-        return a.dtype == b.dtype == F8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
     # ------------------------------------------------------------------ FP8 quantize and GEMM
 
