@@ -34,9 +34,8 @@ def test_dry_run_records_every_decode_split_plan():
     recorded = {_constexpr(s, fn, "SPLIT") for s in specs if s.fn.endswith(":_decode_kernel")}
     # what the decode graphs launch, bucket by bucket (the engine's default decode tactic)
     params = dec.DECODE_TACTICS[0].as_dict()
-    block_n = min(params["block_n"], params["partition"])
     wanted = {
-        dec.split_plan(bs * m.num_kv_heads, b.max_seq_len, params["partition"], block_n)[0] > 1
+        dec.split_plan(bs * m.num_kv_heads, b.max_seq_len, params["partition"]) > 1
         for bs in batch_buckets(b.max_batch_size)
     }
     assert wanted == {True, False}  # small batches split the context, large ones do not

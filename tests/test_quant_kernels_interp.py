@@ -225,19 +225,20 @@ else:
 
     @pytest.mark.parametrize("fp8", [False, True])
     @pytest.mark.parametrize("target", [1, 12, 1024])
-    def test_decode_split_plans(fp8, target, monkeypatch):
-        """Fewer, longer splits as the batch grows (one split: no partials, no reduce)."""
+    @pytest.mark.parametrize("window", [None, 20])
+    def test_decode_split_plans(fp8, target, window, monkeypatch):
+        """Fewer splits as the batch grows (one split: no partials, no reduce); each sequence
+        spreads its own context (the window's part of it) over the splits, however short."""
         monkeypatch.setattr(dec, "_TARGET_PROGRAMS", target)
         torch.manual_seed(9)
         ctx = [5, 70, 33]
         q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, torch.float32, fp8)
-        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, window, **scales)
         tactic = dec.DECODE_TACTICS[3]  # partition 64, block_n 32
-        splits, part = dec.split_plan(3 * HKV, 256, 64, 32)
-        assert (splits, part) == {1: (1, 256), 12: (2, 128), 1024: (4, 64)}[target]
+        assert dec.split_plan(3 * HKV, 256, 64) == {1: 1, 12: 2, 1024: 4}[target]
         out = torch.full_like(q, float("nan"))
         fn = dec.make_decode_attention(tactic)
-        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, max_context_len=256, **scales)
+        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, window, out=out, max_context_len=256, **scales)
         assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
 
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too
