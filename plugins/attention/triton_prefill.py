@@ -38,6 +38,11 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "m16_n64_w4_s2", (("block_m", 16), ("block_n", 64), ("num_warps", 4), ("num_stages", 2))
     ),
+    # one diagonal tile per query tile; K+V tiles of 64 KB per stage
+    Tactic(
+        "m128_n128_w8_s2",
+        (("block_m", 128), ("block_n", 128), ("num_warps", 8), ("num_stages", 2)),
+    ),
 )
 
 LOG2E = 1.4426950408889634
