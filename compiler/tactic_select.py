@@ -144,10 +144,13 @@ class _Shapes:
         return (self.t(1, k), self.t(n, k), self.t(n) if bias else None), {}
 
     def fp8_gemm(self, n: int, k: int, bias: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """x arrives quantized, as the fused norm / SwiGLU kernels before the GEMM give it."""
         f32 = dict(dtype=torch.float32, device=self.dev)
         w = (self.t(n, k) * 0.1).to(torch.float8_e4m3fn)
+        x = (self.t(1, k) * 0.1).to(torch.float8_e4m3fn)
         b = self.t(n) if bias else None
-        return (self.t(1, k), w, torch.tensor(0.01, **f32), torch.tensor(0.02, **f32), b), {}
+        scales = (torch.tensor(0.01, **f32), torch.tensor(0.02, **f32))
+        return (x, w, *scales, b), {"out_dtype": self.dt}
 
     def w4a16_gemm(
         self, n: int, k: int, bias: bool, group: int

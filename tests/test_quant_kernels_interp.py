@@ -117,6 +117,31 @@ else:
             out = cuda_fp8.make_fp8_linear(None)(xq, weight, w_scale, in_scale, b, out_dtype=dtype)
             assert rel_err(out, ref.float()) < 5e-2
 
+    FP8_GEMVS = [t for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("max_m")]
+
+    @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
+    @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+    def test_fp8_gemv(tactic, out_dtype, monkeypatch):
+        """The GEMV takes x of up to max_m rows (already FP8, as the fused kernels give it),
+        with a K tail past BLOCK_K and N past BLOCK_N; the sum is the reference's fp32 one."""
+        launched = []
+        real = cuda_fp8.launch_gemv
+        monkeypatch.setattr(cuda_fp8, "launch_gemv", lambda *a: launched.append(1) or real(*a))
+        torch.manual_seed(4)
+        max_m = tactic.as_dict()["max_m"]
+        K, N = tactic.as_dict()["block_k"] + 48, 37
+        w = torch.randn(N, K) * 0.05
+        ws, xs = w.abs().max() / 448, torch.tensor(0.02)
+        weight, b = qref.quantize_fp8(w, ws), torch.randn(N).to(out_dtype)
+        fn = cuda_fp8.make_fp8_linear(tactic)
+        for T in range(1, max_m + 2):
+            xq = tq.quantize_fp8(torch.randn(T, K), xs)
+            ref = qref.fp8_matmul(xq, weight, ws, xs, b, out_dtype)
+            out = fn(xq, weight, ws, xs, b, out_dtype=out_dtype)
+            assert out.dtype == out_dtype
+            assert rel_err(out, ref) < (1e-5 if out_dtype == torch.float32 else 2e-3), T
+        assert len(launched) == max_m  # T = max_m + 1 took the other path
+
     # ------------------------------------------------------------------ W4A16
 
     def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):

@@ -24,6 +24,8 @@ Embedding: torch's gather kernel.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -34,7 +36,8 @@ from ..registry import Tactic
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
 
 
-def _gemv(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> Tactic:
+def gemv_tactic(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> Tactic:
+    """A GEMV tactic: BLOCK_N rows per program, BLOCK_K elements per step, up to max_m rows of x."""
     name = f"gemv_n{bn}_k{bk}_w{w}_s{s}" + (f"_u{unroll}" if unroll != 1 else "")
     return Tactic(
         name,
@@ -56,16 +59,16 @@ def _gemv(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> 
 # First (the default when cross-building without a GPU): among the fastest at T=1 on the H200
 # for qkv, gate_up and down (scripts/bench_gemv.py).
 GEMM_TACTICS: tuple[Tactic, ...] = (
-    _gemv(2, 2048, 8, 1, max_m=1),
+    gemv_tactic(2, 2048, 8, 1, max_m=1),
     Tactic("cublas"),
-    _gemv(2, 2048, 8, 1, unroll=2, max_m=1),
-    _gemv(2, 1024, 4, 1, unroll=2, max_m=1),
-    _gemv(4, 1024, 4, 1, unroll=2, max_m=2),
-    _gemv(8, 1024, 4, 1, max_m=4),
-    _gemv(4, 1024, 4, 1, max_m=2),
-    _gemv(4, 1024, 4, 3, max_m=2),
-    _gemv(8, 512, 2, 4, max_m=4),
-    _gemv(8, 2048, 8, 2, max_m=1),
+    gemv_tactic(2, 2048, 8, 1, unroll=2, max_m=1),
+    gemv_tactic(2, 1024, 4, 1, unroll=2, max_m=1),
+    gemv_tactic(4, 1024, 4, 1, unroll=2, max_m=2),
+    gemv_tactic(8, 1024, 4, 1, max_m=4),
+    gemv_tactic(4, 1024, 4, 1, max_m=2),
+    gemv_tactic(4, 1024, 4, 3, max_m=2),
+    gemv_tactic(8, 512, 2, 4, max_m=4),
+    gemv_tactic(8, 2048, 8, 2, max_m=1),
 )
 EMBEDDING_TACTICS: tuple[Tactic, ...] = (Tactic("torch"),)
 
@@ -110,6 +113,8 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
+    sx_ptr,
+    sw_ptr,
     out_ptr,
     T,
     N,
@@ -125,9 +130,12 @@ def _gemv_kernel(
     STAGES: tl.constexpr,
     UNROLL: tl.constexpr,
     GATED: tl.constexpr = False,
+    SCALED: tl.constexpr = False,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
+    SCALED: x and w are FP8 with per-tensor scales (float32 [] at sx_ptr, sw_ptr): the fp32
+    sum (products of fp8 values are exact) is multiplied by sx * sw before the bias.
 
     K and the row strides come divided by VEC (16 bytes of elements), so the compiler knows
     every row starts 16-byte aligned and emits 16-byte loads for any K that is a multiple of VEC.
@@ -154,6 +162,8 @@ def _gemv_kernel(
             acc, w_ptrs, x_ptrs, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED
         )
     y = tl.sum(acc, axis=2)
+    if SCALED:
+        y = y * (tl.load(sx_ptr) * tl.load(sw_ptr))
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     o_ptrs = out_ptr + rm[:, None] * som + rn[None, :]
@@ -181,24 +191,31 @@ def _cublas_call(x, weight, bias, out):
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def _gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False) -> bool:
+# Triton's interpreter runs the kernels on CPU tensors (the CPU tests of the GPU paths).
+_GEMV_DEVICES = ("cuda", "meta") + (("cpu",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
+
+
+def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=None) -> bool:
     """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
-    multiple of 8 halves: every real model; anything else goes to cuBLAS). gated: x is
-    [gate | up], twice weight's K wide."""
+    multiple of 16 bytes: every real model; anything else goes to cuBLAS). gated: x is
+    [gate | up], twice weight's K wide. FP8 x and weight (not gated) give `out_dtype`."""
     T = x.shape[0] if x.dim() == 2 else 0
     vec = 16 // x.element_size()
+    fp8 = x.dtype == torch.float8_e4m3fn and not gated
+    out_dtype = out_dtype or x.dtype
     return (
         x.dim() == 2
         and 0 < T <= min(max_m, _MAX_BLOCK_M)
-        and x.dtype in (torch.bfloat16, torch.float16)
+        and (x.dtype in (torch.bfloat16, torch.float16) or fp8)
         and weight.dtype == x.dtype
+        and out_dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.dim() == 2
         and weight.shape[1] * (2 if gated else 1) == x.shape[1]
         and weight.stride(1) == 1
         and x.stride(1) == 1
         and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1))
-        and (out is None or (out.dtype == x.dtype and out.dim() == 2 and out.stride(1) == 1))
-        and x.device.type in ("cuda", "meta")  # meta: the AOT dry run records this launch
+        and (out is None or (out.dtype == out_dtype and out.dim() == 2 and out.stride(1) == 1))
+        and x.device.type in _GEMV_DEVICES  # meta: the AOT dry run records this launch
         and x.shape[1] % vec == 0
         and x.stride(0) % vec == 0
         and weight.stride(0) % vec == 0
@@ -207,17 +224,23 @@ def _gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False) -> bool:
     )
 
 
-def _launch_gemv(x, weight, bias, out, params, gated: bool) -> torch.Tensor:
+def launch_gemv(
+    x, weight, bias, out, params, gated: bool, scales=None, out_dtype=None
+) -> torch.Tensor:
+    """The GEMV kernel (`gemv_ok` must hold). scales: (x scale, weight scale) of FP8 operands."""
     T = x.shape[0]
     N, K = weight.shape
     if out is None:
-        out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+        out = torch.empty((T, N), dtype=out_dtype or x.dtype, device=x.device)
     bn = int(params["block_n"])
     vec = 16 // x.element_size()
+    sx, sw = scales if scales is not None else (weight, weight)
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x,
         weight,
         bias if bias is not None else weight,
+        sx,
+        sw,
         out,
         T,
         N,
@@ -233,6 +256,7 @@ def _launch_gemv(x, weight, bias, out, params, gated: bool) -> torch.Tensor:
         STAGES=int(params.get("num_stages", 1)),
         UNROLL=int(params.get("unroll", 1)),
         GATED=gated,
+        SCALED=scales is not None,
         num_warps=int(params["num_warps"]),
         num_stages=1,
     )
@@ -250,9 +274,9 @@ def make_linear(tactic: Tactic | None = None):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: [T, K], weight: [N, K], bias: [N] | None -> [T, N] (written into `out` if given)."""
-        if not max_m or not _gemv_ok(x, weight, bias, out, max_m):
+        if not max_m or not gemv_ok(x, weight, bias, out, max_m):
             return _cublas(x, weight, bias, out)
-        return _launch_gemv(x, weight, bias, out, params, gated=False)
+        return launch_gemv(x, weight, bias, out, params, gated=False)
 
     return linear
 
@@ -272,8 +296,8 @@ def make_swiglu_linear(tactic: Tactic | None = None):
         gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """gate_up: [T, 2I] (gate, then up), weight: [N, I] -> silu(gate) * up @ weight^T."""
-        if max_m and _gemv_ok(gate_up, weight, bias, None, max_m, gated=True):
-            return _launch_gemv(gate_up, weight, bias, None, params, gated=True)
+        if max_m and gemv_ok(gate_up, weight, bias, None, max_m, gated=True):
+            return launch_gemv(gate_up, weight, bias, None, params, gated=True)
         return linear(swiglu(gate_up), weight, bias)
 
     return swiglu_linear

@@ -1,5 +1,10 @@
 """FP8 W8A8 GEMM on CUDA (plugin fp8_gemm v1): same contract as `reference.fp8_linear`.
 
+Decode-sized x (at most a GEMV tactic's `max_m` rows) goes to the GEMV kernel of
+`gemm/cuda.py` with FP8 operands: a batch-1 step is a pure weight stream, and cuBLASLt's FP8
+GEMM at M = 1 reached 59% of the bandwidth roofline on the H200 (302 tok/s for the
+Llama-3.1-8B shape, whose FP8 weights allow ~510). Larger x:
+
 x is quantized by a small Triton kernel (`triton_quantize`, bit-exact with the reference), then
 multiplied by cuBLASLt through `torch._scaled_mm` with the static per-tensor scales: fp8 x fp8
 products accumulated in fp32, scaled by input_scale * weight_scale, bias added, one cast to the
@@ -15,13 +20,22 @@ from __future__ import annotations
 
 import torch
 
+from ..gemm.cuda import gemv_ok, gemv_tactic, launch_gemv
 from ..registry import Tactic
 from .reference import fp8_matmul, fp8_operand
 from .triton_quantize import QUANTIZE_TACTICS, quantize_fp8
 
-# A tactic is the quantize kernel's configuration; cuBLASLt picks its own GEMM algorithm.
+# A cuBLASLt tactic is the quantize kernel's configuration (cuBLASLt picks its own algorithm);
+# a GEMV tactic is the GEMV kernel's (16 fp8 per 16-byte load: block_k >= 512 * num_warps),
+# with cuBLASLt past its max_m rows. First: the default when cross-building without a GPU.
 FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
     Tactic("cublaslt_q" + t.name, t.params) for t in QUANTIZE_TACTICS
+) + (
+    gemv_tactic(2, 4096, 8, 1, max_m=1),
+    gemv_tactic(4, 2048, 4, 1, unroll=2, max_m=2),
+    gemv_tactic(2, 2048, 4, 1, unroll=2, max_m=1),
+    gemv_tactic(8, 2048, 4, 1, max_m=4),
+    gemv_tactic(4, 4096, 8, 2, max_m=2),
 )
 
 
@@ -41,7 +55,9 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 
 
 def make_fp8_linear(tactic: Tactic | None = None):
-    qtactic = tactic or FP8_GEMM_TACTICS[0]
+    params = tactic.as_dict() if tactic is not None else {}
+    max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
+    qtactic = None if max_m else (tactic or FP8_GEMM_TACTICS[0])
 
     def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return quantize_fp8(x, scale, tactic=qtactic)
@@ -58,6 +74,9 @@ def make_fp8_linear(tactic: Tactic | None = None):
         """x: [T, K] (model dtype, or float8_e4m3fn already quantized with input_scale by a
         fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N]."""
         xq, out_dtype = fp8_operand(x, input_scale, out_dtype, quantize)
+        if max_m and gemv_ok(xq, weight, bias, None, max_m, out_dtype=out_dtype):
+            scales = (input_scale, weight_scale)
+            return launch_gemv(xq, weight, bias, None, params, False, scales, out_dtype)
         if not _scaled_mm_ok(xq, weight, out_dtype):
             return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
         # NOTE: _scaled_mm takes a bias only in the output's dtype (and none for fp32 output).
