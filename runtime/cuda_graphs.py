@@ -15,6 +15,8 @@ import torch
 
 from .kv_cache import KVCache
 from .model import AttnMetadata, Decoder
+from .sampler import greedy_tokens
+from .step_inputs import segments
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -34,10 +36,7 @@ def packed_int32(
     step's inputs travel in one copy: (host, dev, host views, device views). Each segment
     starts 16-byte aligned, as Triton specializes kernels on pointer alignment (an unaligned
     view would need a kernel the engine's ahead-of-time bundle does not hold)."""
-    starts, end = [], 0
-    for n in sizes:
-        starts.append(end)
-        end += -(-n // 4) * 4
+    starts, end = segments(sizes)
     host = torch.empty(end, dtype=torch.int32, pin_memory=device.type == "cuda")
     dev = torch.empty(end, dtype=torch.int32, device=device)
     h = host.numpy()
@@ -123,7 +122,7 @@ class DecodeGraphs:
     def _run(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.decoder.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv)
         logits = self.decoder.logits(hidden)
-        return logits, logits.argmax(dim=-1)
+        return logits, greedy_tokens(logits)
 
     def _pad_rows(self, start: int, stop: int | None = None) -> None:
         """Point rows [start:stop] at the scratch block (host side)."""
@@ -227,7 +226,7 @@ class PrefillGraphs:
         )
         hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv)
         logits = self.decoder.logits(hidden.index_select(0, last))
-        return logits, logits.argmax(dim=-1)
+        return logits, greedy_tokens(logits)
 
     def _fill_dummy(self, bucket: int) -> None:
         """A one-token "prompt" that lives in the scratch block, padded to `bucket`."""

@@ -12,16 +12,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from .distributed import PLAN_KEYS
 from .engine import LoadedEngine
 from .errors import ConfigError, RequestError
 from .kernels import KERNELS_FILE, install_engine_kernels
 from .kv_cache import KVCache
 from .memory import num_kv_blocks as default_num_kv_blocks
 from .model import AttnMetadata, Decoder, Ops
-from .sampler import RequestSampler
+from .sampler import RequestSampler, greedy_tokens
 from .scheduler import Scheduler, SchedulerConfig
+from .step_inputs import StepInputs
 from .types import FinishReason, Request, SamplingParams
 
+# what an eager step reads on the device (one packed copy: step_inputs.py)
+_DEVICE_INPUTS = tuple(k for k in PLAN_KEYS if k != "prompt_ranges")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Called after each step with (request, new token id); text-level stop checks live above this.
@@ -77,6 +81,7 @@ class Executor:
         self.comm = comm
         self.config = cfg
         self.device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
+        self._inputs = StepInputs(self.device)
         self.dtype = _DTYPES[cfg.model.dtype]
         self.kernels = 0
         # seconds per load phase (benchmarks report them; the GPU phases end synchronized)
@@ -238,27 +243,21 @@ class Executor:
         """One eager step from its arrays (distributed.PLAN_KEYS) -> (logits of each prompt
         range, float32 logits [R, V] of the sampling rows). tp: every rank calls it with the
         same (broadcast) arrays; the collectives are inside."""
-        dev = self.device
-
-        def put(a) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
-
         qsl = arrays["query_start_loc"]
+        d = self._inputs.put({k: arrays[k] for k in _DEVICE_INPUTS})
         meta = AttnMetadata(
-            slot_mapping=put(arrays["slot_mapping"]),
-            block_tables=put(arrays["block_tables"]),
-            context_lens=put(arrays["context_lens"]),
-            query_start_loc=put(qsl),
+            slot_mapping=d["slot_mapping"],
+            block_tables=d["block_tables"],
+            context_lens=d["context_lens"],
+            query_start_loc=d["query_start_loc"],
             max_context_len=int(np.max(arrays["context_lens"])),
             max_query_len=int(np.max(np.diff(qsl))),
         )
-        hidden = self.decoder.forward(
-            put(arrays["input_ids"]), put(arrays["positions"]), meta, self.kv
-        )
+        hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv)
         prompt = [
             self.decoder.logits(hidden[s : s + n]) for s, n in arrays["prompt_ranges"].tolist()
         ]
-        return prompt, self.decoder.logits(hidden[put(arrays["last"]).long()])
+        return prompt, self.decoder.logits(hidden[d["last"].long()])
 
     def follow(self, on_step: Callable[[int], None] | None = None) -> None:
         """tp ranks > 0: run rank 0's broadcast steps until it sends "stop".
@@ -283,7 +282,7 @@ class Executor:
         }
         if greedy:
             if argmax is None:
-                argmax = logits.argmax(dim=-1)
+                argmax = greedy_tokens(logits)
             for j, tok in enumerate(argmax.tolist()):
                 if j in greedy:
                     out[j] = tok

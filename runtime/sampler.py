@@ -64,3 +64,26 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(0, order, sorted_logits)
+
+
+def _argmax_chunks(vocab: int) -> int:
+    """The largest divisor of `vocab` up to 256 (1: vocab is prime-ish or small)."""
+    if vocab < 4096:
+        return 1
+    return max(c for c in range(1, 257) if vocab % c == 0)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of [B, V] logits, same result (first index of the maximum).
+
+    In two stages, because one row's argmax is a single-block reduction: on the H200 it took
+    28 us of a 4.4 ms batch-1 decode step for a 128k vocabulary. The row splits into chunks
+    (max and its index per chunk, in parallel), then the first chunk holding the maximum wins.
+    """
+    b, v = logits.shape
+    c = _argmax_chunks(v)
+    if c == 1:
+        return logits.argmax(dim=-1)
+    vals, idx = logits.reshape(b, c, v // c).max(dim=-1)  # [B, c] each
+    best = vals.argmax(dim=-1, keepdim=True)  # ties: the first chunk, as argmax would
+    return (best * (v // c) + idx.gather(-1, best)).squeeze(-1)

@@ -1,4 +1,5 @@
-"""The CUDA-graph runners' packed input buffers (runtime/cuda_graphs.py), checked on the CPU."""
+"""Packed input buffers: the CUDA-graph runners' (runtime/cuda_graphs.py) and the eager
+steps' (runtime/step_inputs.py), checked on the CPU."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import torch
 
 from ingot.runtime.cuda_graphs import batch_buckets, packed_int32, prefill_buckets
+from ingot.runtime.step_inputs import StepInputs
 
 
 def test_packed_segments_are_aligned_views_of_one_buffer():
@@ -28,3 +30,24 @@ def test_buckets():
     assert batch_buckets(1) == [1]
     assert prefill_buckets(8192) == [16, 32, 64, 128, 256, 512]
     assert prefill_buckets(64) == [16, 32, 64]
+
+
+def test_step_inputs_round_trip_aligned_and_reuse_the_buffer():
+    inputs = StepInputs(torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    for step, (t, b, w) in enumerate([(7, 2, 3), (2048, 1, 64), (5, 3, 2)]):
+        arrays = {
+            "input_ids": rng.integers(0, 1000, t, dtype=np.int32),
+            "block_tables": rng.integers(0, 99, (b, w), dtype=np.int32),
+            "last": np.array([t - 1], dtype=np.int64),  # cast to int32
+            "query_start_loc": np.array([0, t], dtype=np.int32),
+        }
+        got = inputs.put(arrays)
+        assert list(got) == list(arrays)
+        for k, a in arrays.items():
+            assert got[k].dtype == torch.int32 and got[k].shape == a.shape
+            assert got[k].tolist() == a.tolist(), k
+            assert got[k].data_ptr() % 16 == 0  # Triton's aligned kernel variants
+        if step == 1:
+            grown = inputs._host.numel()
+    assert inputs._host.numel() == grown  # the smaller third step reused the buffer

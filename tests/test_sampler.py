@@ -1,0 +1,34 @@
+"""Greedy token selection: the two-stage argmax equals torch.argmax, ties included."""
+
+import pytest
+import torch
+
+from ingot.runtime.sampler import _argmax_chunks, greedy_tokens
+
+
+@pytest.mark.parametrize("vocab", [128256, 151936, 32000, 4099, 100])
+def test_greedy_tokens_equals_argmax(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g)
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+
+
+def test_greedy_tokens_ties_take_the_first_index():
+    vocab = 128256
+    chunk = vocab // _argmax_chunks(vocab)
+    assert chunk < vocab  # the two-stage path
+    logits = torch.zeros(4, vocab)
+    # row 0: the max twice in one chunk; row 1: in two chunks; row 2: the last element;
+    # row 3: all equal
+    logits[0, [7, 9]] = 3.0
+    logits[1, [chunk * 5 + 1, chunk * 2 + 3]] = 2.0
+    logits[2, -1] = 1.0
+    assert greedy_tokens(logits).tolist() == [7, chunk * 2 + 3, vocab - 1, 0]
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+
+
+def test_argmax_chunks():
+    assert _argmax_chunks(128256) == 256  # 256 x 501
+    assert _argmax_chunks(151936) == 128
+    assert _argmax_chunks(4099) == 1  # prime: one stage
+    assert _argmax_chunks(1000) == 1  # small: one stage
