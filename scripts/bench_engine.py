@@ -121,11 +121,18 @@ def hf_measure(model, device, vocab: int, args) -> dict:
 
 
 def kernel_profile(run, top: int = 30) -> dict:
-    """GPU time per kernel name over one call of `run` (torch.profiler), largest first."""
+    """GPU time per kernel name over one call of `run` (torch.profiler), largest first, and
+    the timeline: the call's wall time, the span from the first kernel's start to the last
+    one's end, the time the GPU sat idle inside it (host-bound stretches, launch gaps between
+    a graph's kernels), and the largest idle gaps."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
         run()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t) * 1e6
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -133,7 +140,35 @@ def kernel_profile(run, top: int = 30) -> dict:
             rows.append({"kernel": e.key[:120], "calls": e.count, "us": round(us, 1)})
     rows.sort(key=lambda r: -r["us"])
     total = sum(r["us"] for r in rows)
-    return {"gpu_us_total": round(total, 1), "top": rows[:top]}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name)).get("traceEvents", [])
+    out = {"wall_us": round(wall_us, 1), "gpu_us_total": round(total, 1), "top": rows[:top]}
+    return out | timeline(events)
+
+
+def timeline(events: list[dict], gaps: int = 8) -> dict:
+    """Span, idle time and the largest gaps of a chrome trace's GPU events (kernels, copies)."""
+    gpu = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "")[:60])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    if not gpu:
+        return {}
+    idle, end, prev, found = 0.0, gpu[0][1], gpu[0][2], []
+    for start, stop, name in gpu[1:]:
+        if start > end:
+            idle += start - end
+            found.append({"us": round(start - end, 1), "after": prev, "before": name})
+        if stop > end:
+            end, prev = stop, name
+    found.sort(key=lambda g: -g["us"])
+    return {
+        "span_us": round(end - gpu[0][0], 1),
+        "idle_us": round(idle, 1),
+        "largest_gaps": found[:gaps],
+    }
 
 
 def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
@@ -183,6 +218,11 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         "load_s": load_s,
         "load_phases_s": ex.load_seconds,
         "kernels_in_engine": ex.kernels,
+        # the tactic chosen per op (and GEMM site) and the timings that chose it
+        "tactics": {
+            c.name + (f"@{c.site}" if c.site else ""): {"tactic": c.tactic, "ms": c.timings_ms}
+            for c in ex.config.plugins
+        },
         "profile": profile,
         "kv_blocks": ex.kv.num_blocks,
         "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),

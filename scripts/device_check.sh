@@ -29,10 +29,10 @@ rc=0
 for stage in "${@:-tests}"; do
   case "$stage" in
     tests)
-      timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 \
+      timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
         --durations=15 --junitxml="$OUT/gpu_tests.xml" ${TESTS:-tests} \
         > "$OUT/gpu_tests.log" 2>&1 || rc=1
-      tail -15 "$OUT/gpu_tests.log" ;;
+      grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -20; tail -3 "$OUT/gpu_tests.log" ;;
     kernels)
       timeout 120 python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" \
         > "$OUT/bench_kernels.log" 2>&1 || rc=1
