@@ -8,6 +8,9 @@ step), the bytes it must move (weight + x + out), GB/s and the
 fraction of the device-to-device copy bandwidth measured in the same run. Then a simulated
 decode step's GEMMs (32 layers of distinct weights, qkv/o/gate_up/down, + lm_head, T=1, one
 CUDA graph): all cuBLAS vs the fastest tactic per site, in us per layer and projected tok/s.
+Then the same for the FP8 GEMM plugin (`fp8_gemm`: cuBLASLt vs the FP8 GEMV tactics) at T=1
+on the four layer sites, x already quantized: flushed per-call times, and a decode step's
+32 layers of FP8 GEMMs in one graph, cuBLASLt vs the fastest tactic per site.
 
     python3 scripts/bench_gemv.py --out bench_gemv.json
 """
@@ -22,6 +25,7 @@ import statistics
 import torch
 
 from ingot.plugins.gemm import cuda as gemm
+from ingot.plugins.quant import cuda_fp8
 from ingot.plugins.tactics import time_tactics
 
 DEV, BF16 = "cuda", torch.bfloat16
@@ -96,12 +100,56 @@ def decode_step(choice: dict[str, object], x_in: dict, outs: dict, layers: list,
     return step
 
 
+def fp8_section(bw: float, reps: int) -> dict:
+    """FP8 W8A8 at T=1: every fp8_gemm tactic per layer site (flushed), then 32 layers of FP8
+    GEMMs back to back in one graph with cuBLASLt's tactic vs the fastest per site."""
+    f8, f32 = torch.float8_e4m3fn, dict(dtype=torch.float32, device=DEV)
+    scales = (torch.tensor(0.02, **f32), torch.tensor(0.01, **f32))
+    rows, best = [], {}
+    for site in LAYER_SITES:
+        n, k = SITES[site]
+        w = (torch.randn(n, k, device=DEV) * 0.1).to(f8)
+        x = (torch.randn(1, k, device=DEV) * 0.1).to(f8)
+        inputs = fixed((x, w, *scales, None), {"out_dtype": BF16})
+        res = time_tactics("fp8_gemm", cuda_fp8.FP8_GEMM_TACTICS, inputs, reps,
+                           cuda_fp8.make_fp8_linear)  # fmt: skip
+        nbytes = n * k + k + 2 * n
+        for t, ms in res:
+            frac = nbytes / (ms * 1e-3) / bw if math.isfinite(ms) and ms > 0 else None
+            rows.append({"site": site, "T": 1, "tactic": t.name, "us": ms * 1e3, "frac_bw": frac})
+        best[site] = res[0][0]
+        print(f"fp8 {site:8s} best {res[0][0].name:24s} {res[0][1] * 1e3:7.1f} us")
+    layers = [
+        {s: (torch.randn(*SITES[s], device=DEV) * 0.1).to(f8) for s in LAYER_SITES}
+        for _ in range(LAYERS)
+    ]
+    x_in = {s: (torch.randn(1, SITES[s][1], device=DEV) * 0.1).to(f8) for s in LAYER_SITES}
+    wbytes = sum(t.numel() for lw in layers for t in lw.values())
+    default = cuda_fp8.FP8_GEMM_TACTICS[0]
+    step = {}
+    for label, choice in (("cublaslt", dict.fromkeys(LAYER_SITES, default)), ("tuned", best)):
+        fns = {s: cuda_fp8.make_fp8_linear(t) for s, t in choice.items()}
+
+        def run(fns=fns):
+            for lw in layers:
+                for s in LAYER_SITES:
+                    fns[s](x_in[s], lw[s], *scales, None, out_dtype=BF16)
+
+        ms = graph_ms(run)
+        step[label] = {"ms_layer_gemms": ms, "frac_bw": wbytes / (ms * 1e-3) / bw,
+                       "tactics": {s: t.name for s, t in choice.items()}}  # fmt: skip
+        print(f"fp8 decode layer GEMMs ({label}): {ms * 1e3:8.1f} us/token "
+              f"({wbytes / (ms * 1e-3) / bw * 100:5.1f}% of copy bw)")  # fmt: skip
+    return {"rows": rows, "decode_layers": step}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_gemv.json")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--ts", default="1,4,8")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--no-fp8", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     ts = [int(t) for t in args.ts.split(",")]
@@ -204,9 +252,16 @@ def main() -> None:
             )
         result["decode"] = dec
         result["roofline_tok_s"] = bw / wbytes
-    with open(args.out, "w") as f:
+    write(args.out, result)
+    if not args.no_fp8 and torch.cuda.get_device_capability() >= (8, 9):
+        result["fp8"] = fp8_section(bw, args.reps)
+        write(args.out, result)
+
+
+def write(path: str, result: dict) -> None:
+    with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", path)
 
 
 if __name__ == "__main__":
