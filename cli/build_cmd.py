@@ -48,6 +48,12 @@ def build_engine_cmd(
         help="auto: time each kernel's candidates on the target GPU and keep the fastest "
         "(default tactics when this machine lacks that GPU); default: skip timing.",
     ),
+    pdl: bool = typer.Option(
+        None,
+        "--pdl/--no-pdl",
+        help="Programmatic dependent launch between the forward pass's kernels (sm_90+): "
+        "each may start while the one before it finishes. [preset or off]",
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
     ),
@@ -66,6 +72,7 @@ def build_engine_cmd(
         "max_seq_len": max_seq_len,
         "max_num_tokens": max_num_tokens,
         "tokens_per_block": tokens_per_block,
+        "pdl": pdl,
     }
     with progress_bar() as progress:
         out = build_engine(

@@ -47,6 +47,7 @@ def inspect_engine_cmd(
     typer.echo(
         f"build         max_batch_size {b.max_batch_size}, max_seq_len {b.max_seq_len}, "
         f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
+        + (", programmatic dependent launch" if b.pdl else "")
     )
     typer.echo("plugins")
     for p in cfg.plugins:

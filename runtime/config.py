@@ -146,6 +146,8 @@ class BuildConfig:
     max_num_tokens: int = 8192
     tokens_per_block: int = 16
     target: str = "cpu"
+    # programmatic dependent launch between the forward pass's Triton kernels (plugins/pdl.py)
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "tokens_per_block"):
@@ -154,6 +156,12 @@ class BuildConfig:
         _require(
             self.target == "cpu" or self.target.startswith("sm_"),
             f"target {self.target!r} must be 'cpu' or like 'sm_90'",
+        )
+        _require(isinstance(self.pdl, bool), f"pdl must be true or false, got {self.pdl!r}")
+        _require(
+            not self.pdl or (self.target[3:].isdigit() and int(self.target[3:]) >= 90),
+            f"pdl needs an sm_90 or newer target (programmatic dependent launch), "
+            f"not {self.target!r}",
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ingot.plugins import Tactic, get_spec, load, target_kind
+from ingot.plugins import Tactic, get_spec, load, pdl, target_kind
 
 from .config import ModelConfig, QuantConfig
 from .distributed import vocab_range
@@ -43,6 +43,8 @@ class Ops:
 
     def __init__(self, cfg: EngineConfig) -> None:
         kind = target_kind(cfg.target)
+        # the forward pass's Triton kernels use programmatic dependent launch (plugins/pdl.py)
+        self.pdl = cfg.build.pdl and kind == "cuda"
         self._fns: dict[tuple[str, str | None], Callable[..., Any]] = {}
         for choice in cfg.plugins:
             tactic = None
@@ -182,6 +184,12 @@ class Decoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
+        with pdl.scope(self.ops.pdl):
+            return self._forward(input_ids, positions, meta, kv)
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+    ) -> torch.Tensor:
         c, w = self.cfg, self.w
         h = self._embed(input_ids)
         residual = h
@@ -223,7 +231,8 @@ class Decoder:
         tp: every rank must call it with the same B (a collective); each computes its
         vocabulary slice and all gather the full (padded) vocabulary."""
         if self.comm is None:
-            return self._lm_head(hidden, self.lm_head).float()
+            with pdl.scope(self.ops.pdl):
+                return self._lm_head(hidden, self.lm_head).float()
         if hidden.shape[0] == 0:
             return hidden.new_zeros(0, self.cfg.vocab_size, dtype=torch.float32)
         local = self._lm_head(hidden, self.lm_head)  # [B, V_padded / tp]

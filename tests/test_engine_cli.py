@@ -131,7 +131,8 @@ def test_future_format_version_is_refused(engine, tmp_path):
     )
 
 
-def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, pdl):
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
     e = tmp_path / "gpu-engine"
     r = invoke(
@@ -144,10 +145,14 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
         "sm_90",
         "--config",
         "tiny-llama",
+        *(["--pdl"] if pdl else []),
     )
     assert r.exit_code == 0, r.output
     d = json.loads((e / "config.json").read_text())
     assert d["target"] == "sm_90"
+    assert d["build"]["pdl"] is pdl
+    r = invoke("inspect-engine", e)
+    assert r.exit_code == 0 and ("programmatic dependent launch" in r.output) is pdl
     by_site = {(p["name"], p["site"]): p for p in d["plugins"]}
     assert all(p["tactic"] and p["params"] is not None for p in d["plugins"])
     assert ("gemm", "attn.qkv") in by_site and ("gemm", "lm_head") in by_site
@@ -158,6 +163,15 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path):
         "sm_90",
         "--target cpu",
     )
+
+
+def test_pdl_on_a_cpu_build_is_one_line(ckpt, tmp_path):
+    r = invoke(
+        "build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "e",
+        "--target", "cpu", "--config", "tiny-llama", "--pdl",
+    )  # fmt: skip
+    assert_one_line_error(r, "pdl needs an sm_90")
+    assert not (tmp_path / "e").exists()
 
 
 def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):

@@ -84,7 +84,33 @@ print(json.dumps({"compiled": c.kernels, "names": sorted(c.compiled), "hits": c.
 """
 
 
-@pytest.mark.parametrize("tactics", ["auto", "default"])
+def test_pdl_engines_give_the_same_tokens(tmp_path):
+    """Programmatic dependent launch changes when kernels start, never what they compute: a
+    bf16 engine (GEMV decode path) gives exactly the tokens of the same engine without it, with
+    and without graphs; a float32 one the CPU reference's."""
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=7)
+    for dtype in ("bfloat16", "float32"):
+        ckpt = convert_checkpoint(hf, tmp_path / f"ckpt-{dtype}", dtype=dtype)
+        plain = build_engine(
+            ckpt, tmp_path / f"plain-{dtype}", target="auto", overrides=BUILD, tactics="default"
+        )
+        pdl = build_engine(
+            ckpt,
+            tmp_path / f"pdl-{dtype}",
+            target="auto",
+            overrides=BUILD | {"pdl": True},
+            tactics="default",
+        )
+        assert load_engine(pdl).config.build.pdl
+        prompts = random_prompts(load_engine(pdl).config.model.vocab_size, seed=5)
+        with_pdl = serve_staggered(pdl, prompts, NEW)
+        assert with_pdl == serve_staggered(plain, prompts, NEW), dtype
+        assert serve_staggered(pdl, prompts, NEW, cuda_graphs=False) == with_pdl, dtype
+    cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
+    assert with_pdl == serve_staggered(cpu, prompts, NEW)
+
+
+@pytest.mark.parametrize("tactics", ["auto", "default", "pdl"])
 def test_engine_kernels_load_without_compiling(tmp_path, tactics):
     import os
     import subprocess
@@ -92,7 +118,15 @@ def test_engine_kernels_load_without_compiling(tmp_path, tactics):
 
     hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=6)
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
-    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics=tactics)
+    # "pdl": default tactics, programmatic dependent launch (the kernels' PDL variants)
+    pdl = {"pdl": True} if tactics == "pdl" else {}
+    gpu = build_engine(
+        ckpt,
+        tmp_path / "gpu",
+        target="auto",
+        overrides=BUILD | pdl,
+        tactics="default" if pdl else tactics,
+    )
     assert (gpu / "kernels.bin").is_file()
     # a fresh process with empty Triton and ingot caches: only the engine's kernels exist
     env = dict(

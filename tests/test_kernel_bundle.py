@@ -1,5 +1,6 @@
 """The AOT dry run (compiler/kernel_bundle.py) at production shapes, on the CPU: every decode
-split plan the CUDA graphs use is among the recorded launches, so none compiles at load."""
+split plan the CUDA graphs use is among the recorded launches, so none compiles at load; an
+engine built with programmatic dependent launch records (and compiles) its PDL variants."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from model_shapes import LLAMA_3_1_8B
 
-pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
+triton = pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
 from ingot.compiler.checkpoint import expected_tensor_shapes  # noqa: E402
 from ingot.compiler.kernel_bundle import engine_launches  # noqa: E402
@@ -15,19 +16,23 @@ from ingot.compiler.tactic_select import default_choices  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
 from ingot.runtime.config import BuildConfig, QuantConfig  # noqa: E402
 from ingot.runtime.cuda_graphs import batch_buckets  # noqa: E402
+from ingot.runtime.errors import ConfigError  # noqa: E402
 
 
 def _constexpr(spec, fn, name: str):
     return spec.args[fn.arg_names.index(name)]
 
 
+def _launches(b: BuildConfig, m=LLAMA_3_1_8B) -> list:
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    return engine_launches(m, QuantConfig(), b, tuple(default_choices("sm_90", m)), shapes)
+
+
 def test_dry_run_records_every_decode_split_plan():
     m = LLAMA_3_1_8B
     b = BuildConfig(max_batch_size=256, max_seq_len=8192, tokens_per_block=32, target="sm_90")
-    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
-    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
-    plugins = tuple(default_choices("sm_90", m))
-    specs = engine_launches(m, QuantConfig(), b, plugins, shapes)
+    specs = _launches(b)
     names = {s.fn.rsplit(":", 1)[-1] for s in specs}
     assert {"_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"} <= names
     fn = dec._decode_kernel
@@ -40,3 +45,34 @@ def test_dry_run_records_every_decode_split_plan():
     }
     assert wanted == {True, False}  # small batches split the context, large ones do not
     assert wanted <= recorded
+
+
+def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
+    from triton.compiler import make_backend
+
+    from ingot.plugins import aot
+
+    small = dict(max_batch_size=4, max_seq_len=256, max_num_tokens=64, tokens_per_block=32)
+    plain = _launches(BuildConfig(target="sm_90", **small))
+    specs = _launches(BuildConfig(target="sm_90", pdl=True, **small))
+    assert all(dict(s.options).get("launch_pdl") is None for s in plain)
+    # every Triton kernel of the forward pass, and only PDL variants
+    assert {s.fn for s in specs} == {s.fn for s in plain}
+    assert all(dict(s.options).get("launch_pdl") is True for s in specs)
+    # they compile for sm_90 with the grid-dependency wait and trigger in their code
+    gemv = next(s for s in specs if s.fn.endswith(":_gemv_kernel"))
+    target = aot.parse_target("sm_90")
+    _, src, options = aot._replay(gemv, make_backend(target))
+    with aot.use_cache_dir(tmp_path):
+        ptx = triton.compile(src, target=target, options=options.__dict__)
+    text = ptx.asm["ptx"]
+    assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text
+    assert ptx.metadata.launch_pdl
+
+
+def test_pdl_needs_an_sm90_target():
+    with pytest.raises(ConfigError, match="pdl needs an sm_90"):
+        BuildConfig(target="cpu", pdl=True)
+    with pytest.raises(ConfigError, match="pdl needs an sm_90"):
+        BuildConfig(target="sm_80", pdl=True)
+    assert BuildConfig(target="sm_90", pdl=True).pdl

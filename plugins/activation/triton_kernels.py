@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 SWIGLU_TACTICS: tuple[Tactic, ...] = (
@@ -21,7 +22,10 @@ SWIGLU_TACTICS: tuple[Tactic, ...] = (
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+def _swiglu_kernel(
+    x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
@@ -50,7 +54,14 @@ def make_swiglu(tactic: Tactic | None = None):
         if n:
             o2 = out.view(-1, inter)
             _swiglu_kernel[(n, triton.cdiv(inter, block))](
-                x, o2, inter, x.stride(0), o2.stride(0), BLOCK=block, num_warps=num_warps
+                x,
+                o2,
+                inter,
+                x.stride(0),
+                o2.stride(0),
+                BLOCK=block,
+                num_warps=num_warps,
+                **launch_options(),
             )
         return out
 

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 from .triton_prefill import LOG2E, PREFILL_TACTICS, launch_prefill
 
@@ -111,7 +112,9 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     G_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -194,7 +197,9 @@ def _decode_reduce_kernel(
     BLOCK_N: tl.constexpr,
     SB: tl.constexpr,
     D_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
@@ -295,6 +300,7 @@ def launch_decode(
         D_PAD=d_pad,
         num_warps=num_warps,
         num_stages=num_stages,
+        **launch_options(),
     )
     if split:
         _decode_reduce_kernel[(B, hq)](
@@ -312,6 +318,7 @@ def launch_decode(
             SB=_REDUCE_SPLITS,
             D_PAD=d_pad,
             num_warps=4,
+            **launch_options(),
         )
 
 

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 
@@ -43,7 +44,9 @@ def _kv_write_kernel(
     KV_FP8: tl.constexpr,
     H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -115,6 +118,7 @@ def make_write_kv(tactic: Tactic | None = None):
             H_PAD=triton.next_power_of_2(hkv),
             D_PAD=triton.next_power_of_2(hd),
             num_warps=int(params.get("num_warps", 4)),
+            **launch_options(),
         )
 
     return write_kv

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 PREFILL_TACTICS: tuple[Tactic, ...] = (
@@ -142,7 +143,9 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     # NOTE: the last query tiles (the most keys under causal masking) start first.
     mt = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
@@ -254,6 +257,7 @@ def launch_prefill(
         D_PAD=max(16, triton.next_power_of_2(hd)),
         num_warps=int(params.get("num_warps", 4)),
         num_stages=int(params.get("num_stages", 2)),
+        **launch_options(),
     )
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
@@ -131,6 +132,7 @@ def _gemv_kernel(
     UNROLL: tl.constexpr,
     GATED: tl.constexpr = False,
     SCALED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
@@ -140,6 +142,7 @@ def _gemv_kernel(
     K and the row strides come divided by VEC (16 bytes of elements), so the compiler knows
     every row starts 16-byte aligned and emits 16-byte loads for any K that is a multiple of VEC.
     """
+    pdl_begin(PDL)
     K = K_v * VEC
     sxm = sxm_v * VEC
     swn = swn_v * VEC
@@ -259,6 +262,7 @@ def launch_gemv(
         SCALED=scales is not None,
         num_warps=int(params["num_warps"]),
         num_stages=1,
+        **launch_options(),
     )
     return out
 

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 RMS_NORM_TACTICS: tuple[Tactic, ...] = (
@@ -37,7 +38,9 @@ def _rms_norm_kernel(
     HAS_RES: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -86,6 +89,7 @@ def _launch(x2, res2, weight, eps, out2, res_out2, params):
         ROWS=rows,
         BLOCK_D=block_d,
         num_warps=int(params.get("num_warps", 8)),
+        **launch_options(),
     )
 
 

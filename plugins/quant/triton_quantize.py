@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 FP8_MAX = 448.0
@@ -55,7 +56,10 @@ def quant_fp8(y, scale):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, s_ptr, out_ptr, D, sx, so, BLOCK: tl.constexpr):
+def _quantize_kernel(
+    x_ptr, s_ptr, out_ptr, D, sx, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D
@@ -79,7 +83,9 @@ def _rms_norm_quant_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     m = cols < D
@@ -97,7 +103,10 @@ def _rms_norm_quant_kernel(
 
 
 @triton.jit
-def _swiglu_quant_kernel(x_ptr, s_ptr, out_ptr, inter, sx, so, BLOCK: tl.constexpr):
+def _swiglu_quant_kernel(
+    x_ptr, s_ptr, out_ptr, inter, sx, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
@@ -129,7 +138,15 @@ def quantize_fp8(
         return out
     block = min(int(p["block"]), triton.next_power_of_2(D))
     _quantize_kernel[(T, triton.cdiv(D, block))](
-        x2, scale, o2, D, x2.stride(0), o2.stride(0), BLOCK=block, num_warps=int(p["num_warps"])
+        x2,
+        scale,
+        o2,
+        D,
+        x2.stride(0),
+        o2.stride(0),
+        BLOCK=block,
+        num_warps=int(p["num_warps"]),
+        **launch_options(),
     )
     return out
 
@@ -176,6 +193,7 @@ def rms_norm_quant_fp8(
             HAS_RES=has_res,
             BLOCK_D=triton.next_power_of_2(D),
             num_warps=num_warps,
+            **launch_options(),
         )
     return (out, ro) if has_res else out
 
@@ -199,6 +217,7 @@ def swiglu_quant_fp8(
         _swiglu_quant_kernel[(T, triton.cdiv(inter, block))](
             x2, input_scale, out, inter, x2.stride(0), out.stride(0), BLOCK=block,
             num_warps=num_warps,
+            **launch_options(),
         )  # fmt: skip
     return out
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 from .reference import w4a16_linear as _reference
 
@@ -103,12 +104,14 @@ def _w4a16_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[k, n] - 8) * scales[k // GROUP, n] (+ b[n]).
 
     SPLIT_K > 1: out is an fp32 partial buffer [SPLIT_K, T, N]; bias and cast happen later.
     K is a multiple of GROUP and GROUP of BLOCK_K, so K chunks need no mask.
     """
+    pdl_begin(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     sp = tl.program_id(2)
@@ -164,9 +167,10 @@ def _w4a16_kernel(
 @triton.jit
 def _split_reduce_kernel(
     part_ptr, b_ptr, out_ptr, T, N, som, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """out[m, :] = sum_s part[s, m, :] (+ b) in out's dtype."""
+    pdl_begin(PDL)
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     nm = rn < N
@@ -246,6 +250,7 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
         STAGES=int(params.get("num_stages", 2)),
         num_warps=int(params.get("num_warps", 4)),
         num_stages=1,
+        **launch_options(),
     )
     if split > 1:
         block = min(1024, triton.next_power_of_2(N))
@@ -260,6 +265,7 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
             SPLIT_K=split,
             BLOCK=block,
             num_warps=4,
+            **launch_options(),
         )
     return out
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 ROPE_TACTICS: tuple[Tactic, ...] = (
@@ -98,7 +99,9 @@ def _rope_kernel(
     HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_begin(PDL)
     t = tl.program_id(0)
     p = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF_PAD)[None, :]
@@ -223,6 +226,7 @@ def _launch(q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots,
         HKV_PAD=triton.next_power_of_2(hkv),
         HALF_PAD=triton.next_power_of_2(half),
         num_warps=int(params.get("num_warps", 4)),
+        **launch_options(),
     )
 
 
