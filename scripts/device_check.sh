@@ -3,10 +3,12 @@
 # under $OUT (the device tool's output folder). Each stage fits one 10-minute device call.
 #
 # Usage: bash scripts/device_check.sh STAGE...
-#   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~4 min
-#            (TESTS="tests/test_x.py ..." runs a subset)
-#   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json)               ~1 min
-#   bench    Llama-3.1-8B-shaped engine vs transformers eager (bench_engine.json)        ~5 min
+#   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~6 min
+#            (TESTS="tests/test_x.py ..." runs a subset; TESTS_TIMEOUT, default 480 s)
+#   tests-kernels / tests-e2e   the kernel tests / the engine tests alone, when one call
+#            cannot hold both beside another stage                                       ~3 min each
+#   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
+#   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 #   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
 set -uo pipefail
@@ -26,22 +28,29 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.csv"
 rc=0
+KERNEL_TESTS="tests/test_gpu_kernels.py tests/test_gpu_gemv.py tests/test_gpu_quant.py"
+E2E_TESTS="tests/test_gpu_e2e.py tests/test_gpu_quant_e2e.py tests/test_aot.py"
+gpu_tests() {  # $1: test paths; $2: log/XML name. Lists failures, then pytest's last lines.
+  timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
+    --durations=15 --junitxml="$OUT/$2.xml" $1 > "$OUT/$2.log" 2>&1 || rc=1
+  grep -E "FAILED|ERROR" "$OUT/$2.log" | head -20; tail -3 "$OUT/$2.log"
+}
 for stage in "${@:-tests}"; do
   case "$stage" in
-    tests)
-      timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
-        --durations=15 --junitxml="$OUT/gpu_tests.xml" ${TESTS:-tests} \
-        > "$OUT/gpu_tests.log" 2>&1 || rc=1
-      grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -20; tail -3 "$OUT/gpu_tests.log" ;;
+    tests) gpu_tests "${TESTS:-tests}" gpu_tests ;;
+    tests-kernels) gpu_tests "$KERNEL_TESTS" gpu_tests_kernels ;;
+    tests-e2e) gpu_tests "$E2E_TESTS" gpu_tests_e2e ;;
     kernels)
       timeout 120 python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" \
         > "$OUT/bench_kernels.log" 2>&1 || rc=1
-      timeout 120 python3 scripts/bench_gemv.py --out "$OUT/bench_gemv.json" \
+      timeout 200 python3 scripts/bench_gemv.py --out "$OUT/bench_gemv.json" \
         > "$OUT/bench_gemv.log" 2>&1 || rc=1
       tail -5 "$OUT/bench_kernels.log" "$OUT/bench_gemv.log" ;;
     bench)
+      # BENCH_ARGS: extra flags (default: also measure the engine built with --pdl)
       timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
         --out "$OUT/bench_engine.json" --work /tmp/ingot-bench --decode-tokens 128 \
+        ${BENCH_ARGS---pdl-too} \
         > "$OUT/bench_engine.log" 2>&1 || rc=1
       tail -45 "$OUT/bench_engine.log" ;;
     grid)
@@ -55,7 +64,7 @@ for stage in "${@:-tests}"; do
       cp /tmp/ingot-quant-out/summary.json "$OUT/quant_summary.json" 2>/dev/null
       tar czf "$OUT/quant_results.tgz" -C /tmp/ingot-quant-out . 2>/dev/null
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|kernels|bench|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc
