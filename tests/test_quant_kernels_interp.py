@@ -266,10 +266,15 @@ else:
         fn(q, kc, vc, bt, cl, qsl, HD**-0.5, window, out=out, max_context_len=256, **scales)
         assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
 
-    # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too
+    # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too;
+    # gqa: the two q heads of a kv head packed into one tile (8 queries each)
     SMALL_TILES = [
         pf.PREFILL_TACTICS[5],
         Tactic("m16_n16", (("block_m", 16), ("block_n", 16), ("num_warps", 4), ("num_stages", 1))),
+        Tactic(
+            "m16_n16_gqa",
+            (("block_m", 16), ("block_n", 16), ("num_warps", 4), ("num_stages", 1), ("gqa", 1)),
+        ),
     ]
 
     @pytest.mark.parametrize("fp8", [False, True])
@@ -284,6 +289,10 @@ else:
         pf.make_prefill_attention(params)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
         assert rel_err(out, ref) < tol
+        # a sliding window (keys past it in whole tiles below the diagonal)
+        ref_w = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, 9, **scales)
+        out_w = pf.make_prefill_attention(params)(q, kc, vc, bt, cl, qsl, HD**-0.5, 9, **scales)
+        assert rel_err(out_w, ref_w) < tol
         # the paged_attention entry point: prefill and (one query per sequence) decode
         fn = dec.make_paged_attention(None)
         out2 = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **scales)

@@ -8,7 +8,8 @@ Grid (query tile, q head, sequence): one program runs a FlashAttention-2 style o
 BLOCK_M queries of one head over the keys it may see (causal, optionally a sliding window),
 gathering K/V rows through the block table; only the key tiles on the causal diagonal are
 masked. Tiles past a sequence's q_len exit at once, so the grid is sized by max_query_len,
-never by tensor values.
+never by tensor values. Tactics with `gqa` pack the G q heads of one kv head into a tile
+(grid (query tile, kv head, sequence)), so K/V tiles are loaded once per group.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "m128_n128_w8_s2",
         (("block_m", 128), ("block_n", 128), ("num_warps", 8), ("num_stages", 2)),
+    ),
+    # GQA packing: 128 rows = 128 / G queries x the G q heads of one kv head
+    Tactic(
+        "m128_n64_w8_s2_gqa",
+        (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2), ("gqa", 1)),
     ),
 )
 
@@ -144,30 +150,41 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
     PDL: tl.constexpr = False,
+    PACK: tl.constexpr = 1,
 ):
+    """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
+    (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
+    BLOCK_M // G queries of the tile for each of the G q heads sharing that kv head, so every
+    K/V tile is loaded once for the group instead of once per head."""
     pdl_begin(PDL)
+    QM: tl.constexpr = BLOCK_M // PACK  # queries per tile
     # NOTE: the last query tiles (the most keys under causal masking) start first.
     mt = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
     b = tl.program_id(2)
     q0 = tl.load(qsl_ptr + b)
     qlen = tl.load(qsl_ptr + b + 1) - q0
-    if mt * BLOCK_M < qlen:
+    if mt * QM < qlen:
         ctx = tl.load(ctx_ptr + b)
-        kvh = h // G
-        offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        r = tl.arange(0, BLOCK_M)
+        if PACK == 1:
+            heads = tl.program_id(1) + r * 0
+            kvh = tl.program_id(1) // G
+        else:
+            kvh = tl.program_id(1)
+            heads = kvh * PACK + r // QM
+        offs_m = mt * QM + r % QM
         d = tl.arange(0, D_PAD)
         dm = d < HD
         rows = (q0 + offs_m).to(tl.int64)
         mrow = offs_m < qlen
         q = tl.load(
-            q_ptr + rows[:, None] * sqt + h * sqh + d[None, :],
+            q_ptr + rows[:, None] * sqt + heads[:, None] * sqh + d[None, :],
             mask=mrow[:, None] & dm[None, :],
             other=0.0,
         )
-        first = ctx - qlen + mt * BLOCK_M  # position of the tile's first query
-        qpos = first + tl.arange(0, BLOCK_M)
-        hi = tl.minimum(ctx, first + BLOCK_M)
+        first = ctx - qlen + mt * QM  # position of the tile's first query
+        qpos = first + r % QM
+        hi = tl.minimum(ctx, first + QM)
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
@@ -194,7 +211,7 @@ def _prefill_kernel(
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_i[:, None]
         tl.store(
-            out_ptr + rows[:, None] * sot + h * soh + d[None, :],
+            out_ptr + rows[:, None] * sot + heads[:, None] * soh + d[None, :],
             o.to(out_ptr.dtype.element_ty),
             mask=mrow[:, None] & dm[None, :],
         )
@@ -224,7 +241,10 @@ def launch_prefill(
     if T == 0 or B == 0 or max_query_len <= 0:
         return
     block_m = int(params.get("block_m", 128))
-    grid = (triton.cdiv(max_query_len, block_m), hq, B)
+    g = hq // hkv
+    # GQA packing needs whole, power-of-two groups that divide the tile
+    pack = g if params.get("gqa") and g > 1 and g & (g - 1) == 0 and block_m % g == 0 else 1
+    grid = (triton.cdiv(max_query_len, block_m // pack), hq // pack, B)
     fp8 = k_scale is not None and v_scale is not None
     _prefill_kernel[grid](
         q,
@@ -238,7 +258,7 @@ def launch_prefill(
         out,
         float(scale) * LOG2E,
         int(window),
-        hq // hkv,
+        g,
         hd,
         k_cache.shape[1],
         q.stride(0),
@@ -257,6 +277,7 @@ def launch_prefill(
         D_PAD=max(16, triton.next_power_of_2(hd)),
         num_warps=int(params.get("num_warps", 4)),
         num_stages=int(params.get("num_stages", 2)),
+        PACK=pack,
         **launch_options(),
     )
 
