@@ -9,12 +9,23 @@ import typer
 
 
 def inspect_engine_cmd(
-    engine_dir: Path = typer.Argument(..., help="Engine dir to describe and verify."),
+    engine_dir: Path = typer.Argument(None, help="Engine dir to describe and verify."),
+    engine_dir_opt: Path = typer.Option(
+        None, "--engine-dir", help="The engine dir as an option, as run-engine takes it."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the engine config as JSON."),
 ) -> None:
     """Print an engine's metadata and verify the checksum of every rank file."""
     from ingot.runtime.engine import read_engine_config, verify_rank_files
     from ingot.runtime.engine_format import EngineFile
+    from ingot.runtime.errors import ConfigError
+
+    if (engine_dir is None) == (engine_dir_opt is None):
+        raise ConfigError(
+            "inspect-engine takes one engine dir",
+            "give it as ENGINE_DIR or --engine-dir ENGINE_DIR",
+        )
+    engine_dir = engine_dir or engine_dir_opt
 
     cfg = read_engine_config(engine_dir)
     verify_rank_files(engine_dir, cfg, full=True)

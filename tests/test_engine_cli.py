@@ -151,8 +151,9 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, pdl):
     d = json.loads((e / "config.json").read_text())
     assert d["target"] == "sm_90"
     assert d["build"]["pdl"] is pdl
-    r = invoke("inspect-engine", e)
+    r = invoke("inspect-engine", "--engine-dir", e)  # the option form run-engine also takes
     assert r.exit_code == 0 and ("programmatic dependent launch" in r.output) is pdl
+    assert_one_line_error(invoke("inspect-engine"), "one engine dir")
     by_site = {(p["name"], p["site"]): p for p in d["plugins"]}
     assert all(p["tactic"] and p["params"] is not None for p in d["plugins"])
     assert ("gemm", "attn.qkv") in by_site and ("gemm", "lm_head") in by_site
