@@ -123,6 +123,35 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(built):
     assert top1 == greedy
 
 
+def test_eos_and_mixed_sampling_in_one_batch(built):
+    """A request stops at an EOS token (the token kept, reason EOS) while one that ignores EOS
+    and a seeded sampled one in the same batch go on; each gives what it gives alone, and
+    every token reaches the callback once."""
+    import dataclasses
+
+    _, engine = built("qwen2", "float32")
+    eng = load_engine(engine)
+    prompts = random_prompts(eng.config.model.vocab_size, seed=13)[:3]
+    greedy = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=20, seed=7, ignore_eos=True)
+    alone = [Executor(eng).generate([p], sp)[0].output_ids for p, sp in
+             zip(prompts, [greedy, greedy, sampled], strict=True)]  # fmt: skip
+    eos = alone[0][4]  # the first request's fifth token becomes the model's EOS
+    model = dataclasses.replace(eng.config.model, eos_token_ids=(eos,))
+    eng = dataclasses.replace(eng, config=dataclasses.replace(eng.config, model=model))
+    stops = SamplingParams(max_new_tokens=10)
+    seen: list[tuple[int, int]] = []
+    reqs = Executor(eng).generate(
+        prompts, [stops, greedy, sampled], on_token=lambda r, t: seen.append((r.request_id, t))
+    )
+    cut = alone[0].index(eos) + 1
+    assert reqs[0].output_ids == alone[0][:cut] and reqs[0].finish_reason == FinishReason.EOS
+    assert [r.output_ids for r in reqs[1:]] == alone[1:]
+    assert all(r.finish_reason == FinishReason.LENGTH for r in reqs[1:])
+    for r in reqs:
+        assert [t for i, t in seen if i == r.request_id] == r.output_ids
+
+
 def test_prompt_longer_than_max_seq_len_fails_alone(built):
     _, engine = built("mistral", "float32")
     ex = Executor(load_engine(engine))
