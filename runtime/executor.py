@@ -141,7 +141,6 @@ class Executor:
         if comm is not None:
             comm.min_int(0)  # NOTE: a barrier: every rank has loaded and verified its shard
         self.eos_ids = set(cfg.model.eos_token_ids)
-        self._eos = np.array(sorted(self.eos_ids), dtype=np.int32)
         self.requests: dict[int, Request] = {}
         self._samplers: dict[int, RequestSampler] = {}
         self._argmax_ids: set[int] = set()  # requests whose token is the plain argmax
@@ -192,14 +191,14 @@ class Executor:
         new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
         finish = np.zeros(plan.num_seqs, dtype=np.int8)
         reqs = [self.requests[i] for i in np.asarray(plan.seq_ids)[rows].tolist()]
-        # NOTE: per-row Python kept to the appends (EOS found with numpy): at batch 256 the
-        # host bookkeeping of a step fell from 137 to 93 us (CPU dev machine, logits stubbed)
+        # NOTE: per-row Python kept to appends and set lookups (scripts/bench_host_step.py:
+        # at batch 256 the host work of a step fell from 121 to ~60 us on the CPU dev machine)
         toks = self._sample(reqs, logits, argmax)
-        tok_arr = np.asarray(toks, dtype=np.int32)
-        new_tokens[rows] = tok_arr
+        new_tokens[rows] = toks
         for req, tok in zip(reqs, toks, strict=True):
             req.output_ids.append(tok)
-        for j in np.nonzero(np.isin(tok_arr, self._eos))[0].tolist():
+        eos = self.eos_ids
+        for j in [j for j, tok in enumerate(toks) if tok in eos]:
             if not reqs[j].params.ignore_eos:
                 finish[rows[j]] = FinishReason.EOS
         if stop_check is not None or on_token is not None:
