@@ -99,7 +99,7 @@ class Decoder:
         self.scale = cfg.head_dim**-0.5
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
         # RoPE fused with the KV write when the engine has it (engines built before it do not)
-        self.fused_rope_kv = not self.fp8_kv and hasattr(ops, "rope_kv_write")
+        self.fused_rope_kv = hasattr(ops, "rope_kv_write")
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
@@ -132,7 +132,7 @@ class Decoder:
         fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
         if self.fused_rope_kv:
             q = ops.rope_kv_write(
-                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping
+                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping, **fp8
             )
         else:
             q, k = ops.rope(q, k, positions, self.cos, self.sin)

@@ -16,3 +16,21 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Both float8_e4m3fn with identical bytes."""
     f8 = torch.float8_e4m3fn
     return a.dtype == b.dtype == f8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, scales, cache_shape):
+    """RoPE fused with the FP8 KV write against RoPE then the FP8 KV write (the GPU kernels):
+    asserts equal q and equal cache bits; returns (rotated q, k cache, v cache) of the fused."""
+    from ingot.plugins.attention import triton_kv_write as kvw
+    from ingot.plugins.rope import triton_kernels as rope_gpu
+
+    f8 = torch.float8_e4m3fn
+    caches = [torch.zeros(cache_shape, device=q.device, dtype=f8) for _ in range(4)]
+    fused_q = rope_gpu.make_rope_write_kv(None)(
+        q, k, v, pos, cos, sin, caches[0], caches[1], slots, **scales
+    )
+    q2, k2 = rope_gpu.make_rope(None)(q, k, pos, cos, sin)
+    kvw.make_write_kv(None)(k2, v, caches[2], caches[3], slots, **scales)
+    assert torch.equal(fused_q, q2)
+    assert same_bits(caches[0], caches[2]) and same_bits(caches[1], caches[3])
+    return fused_q, caches[0], caches[1]

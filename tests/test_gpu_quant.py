@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import rel_err, same_bits
+from kernel_checks import rel_err, rope_fp8_write_fused_vs_unfused, same_bits
 
 from ingot.plugins.attention import reference as attn_ref
 from ingot.plugins.attention import triton_decode as dec
@@ -227,6 +227,25 @@ def test_fp8_kv_write_bit_exact(tactic):
     attn_ref.write_kv(k, v, kc_r, vc_r, slots, **sc)
     kvw.make_write_kv(tactic)(k, v, kc, vc, slots, **sc)
     assert same_bits(kc, kc_r) and same_bits(vc, vc_r)
+
+
+@needs_fp8
+def test_rope_write_kv_fp8_bit_exact_with_unfused():
+    """RoPE fused with the FP8 KV write = RoPE, then the FP8 KV write (bits)."""
+    T, nb = 300, 64
+    q = torch.randn(T, 32, HD, device=DEV, dtype=BF16)
+    k = torch.randn(T, HKV, HD, device=DEV, dtype=BF16) * 3
+    v = torch.randn(T, HKV, HD, device=DEV, dtype=BF16)
+    pos = torch.randint(0, 4096, (T,), device=DEV).int()
+    theta = torch.rand(4096, HD // 2, device=DEV) * 6
+    cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+    slots = torch.randperm(nb * BS, device=DEV)[:T].int()
+    slots[7] = -1  # padding: skipped
+    sc = {
+        "k_scale": torch.tensor(K_SCALE, device=DEV),
+        "v_scale": torch.tensor(V_SCALE, device=DEV),
+    }
+    rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, sc, (nb, BS, HKV, HD))
 
 
 @needs_fp8

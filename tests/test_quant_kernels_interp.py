@@ -34,7 +34,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
-    from kernel_checks import rel_err, same_bits
+    from kernel_checks import rel_err, rope_fp8_write_fused_vs_unfused, same_bits
 
     from ingot.plugins.attention import reference as attn_ref
     from ingot.plugins.attention import triton_decode as dec
@@ -45,6 +45,7 @@ else:
     from ingot.plugins.quant import triton_quantize as tq
     from ingot.plugins.quant import triton_w4a16 as tw
     from ingot.plugins.registry import Tactic
+    from ingot.plugins.rope import reference as rope_ref
 
     F8 = torch.float8_e4m3fn
 
@@ -232,6 +233,31 @@ else:
                 assert same_bits(kc, kc_r) and same_bits(vc, vc_r)
             else:
                 assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_rope_write_kv_fp8(dtype):
+        """RoPE fused with the FP8 KV write stores the bits of RoPE then the FP8 KV write, and
+        the reference's values (to fp8 rounding)."""
+        torch.manual_seed(12)
+        T = 64  # enough values that skipping k's rounding to its dtype shows in the fp8 bits
+        q, k, v = (torch.randn(T, h, HD).to(dtype) for h in (HQ, HKV, HKV))
+        pos = torch.randint(0, 64, (T,)).int()
+        theta = torch.rand(64, HD // 2) * 6
+        cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+        slots = torch.randperm(NB * BS)[:T].int()
+        slots[4] = -1  # a padding token: skipped
+        scales = {"k_scale": torch.tensor(0.01), "v_scale": torch.tensor(0.004)}
+        fused_q, kc, vc = rope_fp8_write_fused_vs_unfused(
+            q, k, v, pos, cos, sin, slots, scales, (NB, BS, HKV, HD)
+        )
+        keep = slots >= 0
+        kc_r, vc_r = torch.zeros_like(kc), torch.zeros_like(vc)
+        ref_q = rope_ref.rope_write_kv(
+            q[keep], k[keep], v[keep], pos[keep], cos, sin, kc_r, vc_r, slots[keep], **scales
+        )
+        assert rel_err(fused_q[keep], ref_q) < 1e-2
+        for got, ref, sc in ((kc, kc_r, 0.01), (vc, vc_r, 0.004)):
+            assert rel_err(got.float() * sc, ref.float() * sc) < 5e-2
 
     @pytest.mark.parametrize("fp8", [False, True])
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

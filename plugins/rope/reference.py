@@ -75,13 +75,17 @@ def rope_write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     q_out: torch.Tensor | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """RoPE on q and k, then k and v into the paged cache at `slot_mapping`; returns the
-    rotated q [T, Hq, hd]. The fused GPU kernel saves a launch and a pass over k."""
+    """RoPE on q and k, then k and v into the paged cache at `slot_mapping` (an FP8 cache:
+    quantized with k_scale / v_scale, as `write_kv`); returns the rotated q [T, Hq, hd]. The
+    fused GPU kernel saves a launch and a pass over k."""
     from ingot.plugins.attention.reference import write_kv
 
     q, k = apply_rope(q, k, positions, cos, sin)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     if q_out is None:
         return q
     q_out.copy_(q)

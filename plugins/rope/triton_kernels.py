@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
+from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 
 ROPE_TACTICS: tuple[Tactic, ...] = (
@@ -41,8 +42,10 @@ def _rotate_heads(
     c2,
     s1,
     s2,
+    cache_scale,
     WRITE_OUT: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     H_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr,
 ):
@@ -61,8 +64,13 @@ def _rotate_heads(
     if WRITE_CACHE:
         if slot >= 0:
             cb = cache_ptr + slot * sc_slot + h * sc_h + d
-            tl.store(cb, y1.to(cache_ptr.dtype.element_ty), mask=m)
-            tl.store(cb + HALF, y2.to(cache_ptr.dtype.element_ty), mask=m)
+            if KV_FP8:  # as RoPE then the FP8 KV write: k rounded to its dtype, then quantized
+                dt = x_ptr.dtype.element_ty
+                tl.store(cb, quant_fp8(y1.to(dt).to(tl.float32), cache_scale), mask=m)
+                tl.store(cb + HALF, quant_fp8(y2.to(dt).to(tl.float32), cache_scale), mask=m)
+            else:
+                tl.store(cb, y1.to(cache_ptr.dtype.element_ty), mask=m)
+                tl.store(cb + HALF, y2.to(cache_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -78,6 +86,8 @@ def _rope_kernel(
     kc_ptr,
     vc_ptr,
     slot_ptr,
+    ks_ptr,
+    vs_ptr,
     HQ,
     HKV,
     HALF,
@@ -96,6 +106,7 @@ def _rope_kernel(
     sc_h,
     WRITE_K_OUT: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr,
@@ -111,8 +122,11 @@ def _rope_kernel(
     s1 = tl.load(sin_ptr + p * s_cos + d, mask=dm, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + p * s_cos + HALF + d, mask=dm, other=0.0).to(tl.float32)
     slot = -1
+    k_scale = 1.0
     if WRITE_CACHE:
         slot = tl.load(slot_ptr + t).to(tl.int64)
+        if KV_FP8:
+            k_scale = tl.load(ks_ptr)
     _rotate_heads(
         q_ptr,
         qo_ptr,
@@ -131,7 +145,9 @@ def _rope_kernel(
         c2,
         s1,
         s2,
+        1.0,
         True,
+        False,
         False,
         HQ_PAD,
         HALF_PAD,
@@ -154,8 +170,10 @@ def _rope_kernel(
         c2,
         s1,
         s2,
+        k_scale,
         WRITE_K_OUT,
         WRITE_CACHE,
+        KV_FP8,
         HKV_PAD,
         HALF_PAD,
     )
@@ -165,6 +183,8 @@ def _rope_kernel(
             dd = tl.arange(0, 2 * HALF_PAD)[None, :]
             m = (h < HKV) & (dd < 2 * HALF)
             v = tl.load(v_ptr + t * svt + h * svh + dd, mask=m)
+            if KV_FP8:
+                v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
             tl.store(vc_ptr + slot * sc_slot + h * sc_h + dd, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
@@ -174,7 +194,10 @@ def _check_last_dim(*ts: torch.Tensor) -> None:
             raise ValueError("rope: the last (head_dim) dimension must be contiguous")
 
 
-def _launch(q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots, params):
+def _launch(
+    q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots, params, scales=None
+):
+    """scales: (k_scale, v_scale) of an FP8 KV cache (float32 []), or None."""
     T, hq, hd = q.shape
     hkv = k.shape[1]
     if hd % 2:
@@ -204,6 +227,8 @@ def _launch(q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots,
         k_cache if write_cache else q_out,
         v_cache if write_cache else q_out,
         slots if write_cache else positions,
+        scales[0] if scales is not None else None,
+        scales[1] if scales is not None else None,
         hq,
         hkv,
         half,
@@ -222,6 +247,7 @@ def _launch(q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots,
         k_cache.stride(2) if write_cache else 0,
         WRITE_K_OUT=k_out is not None,
         WRITE_CACHE=write_cache,
+        KV_FP8=scales is not None,
         HQ_PAD=triton.next_power_of_2(hq),
         HKV_PAD=triton.next_power_of_2(hkv),
         HALF_PAD=triton.next_power_of_2(half),
@@ -267,12 +293,20 @@ def make_rope_write_kv(tactic: Tactic | None = None):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
         q_out: torch.Tensor | None = None,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Equivalent to `q, k = apply_rope(q, k, ...)` then `write_kv(k, v, caches, slots)`;
-        returns the rotated q [T, Hq, hd]. Slots < 0 are skipped (padding tokens)."""
+        """Equivalent to `q, k = apply_rope(q, k, ...)` then `write_kv(k, v, caches, slots,
+        k_scale=, v_scale=)` (scales: an FP8 KV cache's); returns the rotated q [T, Hq, hd].
+        Slots < 0 are skipped (padding tokens)."""
         _check_last_dim(q, k, v)
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if q_out is None else q_out
-        _launch(q, k, v, positions, cos, sin, q_out, None, k_cache, v_cache, slot_mapping, params)
+        scales = (k_scale, v_scale) if k_scale is not None and v_scale is not None else None
+        _launch(
+            q, k, v, positions, cos, sin, q_out, None, k_cache, v_cache, slot_mapping, params,
+            scales,
+        )  # fmt: skip
         return q_out
 
     return rope_write_kv
