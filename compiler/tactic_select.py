@@ -119,6 +119,12 @@ class _Shapes:
         if name == "rms_norm_quant_fp8":
             scale = torch.tensor(0.05, dtype=torch.float32, device=self.dev)
             return (self.t(1, d), self.t(d), m.rms_norm_eps, scale), {}
+        if name == "fp8_swiglu_gemm":
+            f32 = dict(dtype=torch.float32, device=self.dev)
+            i = m.intermediate_size
+            w = (self.t(d, i) * 0.1).to(torch.float8_e4m3fn)
+            scales = (torch.tensor(0.01, **f32), torch.tensor(0.02, **f32))
+            return (self.t(1, 2 * i), w, *scales, None), {"out_dtype": self.dt}
         if name == "swiglu_quant_fp8":
             scale = torch.tensor(0.05, dtype=torch.float32, device=self.dev)
             return (self.t(1, 2 * m.intermediate_size), scale), {}

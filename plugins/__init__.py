@@ -118,6 +118,13 @@ _op(
     "quant.triton_quantize:QUANTIZE_TACTICS",
 )
 _op(
+    "fp8_swiglu_gemm",
+    (),
+    "quant.reference:make_fp8_swiglu_linear",
+    "quant.cuda_fp8:make_fp8_swiglu_linear",
+    "quant.cuda_fp8:FP8_GEMM_TACTICS",
+)
+_op(
     "w4a16_gemm",
     (("group_size", "int32"),),
     "quant.reference:make_w4a16_linear",

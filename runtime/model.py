@@ -109,6 +109,11 @@ class Decoder:
         self.fp8_fused = quant.mode == "fp8" and all(
             hasattr(ops, n) for n in ("rms_norm_quant_fp8", "swiglu_quant_fp8")
         )
+        # ...and the SwiGLU-quantize folded into the FP8 down projection (engines that have it)
+        self.fp8_swiglu_down = None
+        if self.fp8_fused and hasattr(ops, "fp8_swiglu_gemm"):
+            self.fp8_swiglu_down = ops.at("fp8_swiglu_gemm", "mlp.down")
+        self.dtype = dtype
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
@@ -160,6 +165,16 @@ class Decoder:
         gate_up = self.linears[p + "gate_up"](x)  # [T, 2I / tp]
         if self.swiglu_down is not None:
             out = self.swiglu_down(gate_up, self.w[p + "down.weight"])
+        elif self.fp8_swiglu_down is not None:
+            w = self.w
+            out = self.fp8_swiglu_down(
+                gate_up,
+                w[p + "down.weight"],
+                w[p + "down.weight_scale"],
+                w[p + "down.input_scale"],
+                w.get(p + "down.bias"),
+                out_dtype=self.dtype,
+            )
         elif self.fp8_fused:
             act = self.ops.swiglu_quant_fp8(gate_up, self.w[p + "down.input_scale"])
             out = self.linears[p + "down"](act)

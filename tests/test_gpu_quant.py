@@ -82,6 +82,30 @@ def test_fp8_gemm(tactic, N, K, bias):
         assert rel_err(out, ref) < FP8_TOL, T
 
 
+FP8_GEMVS = [t for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("max_m")]
+
+
+@needs_fp8
+@pytest.mark.parametrize("tactic", FP8_GEMVS, ids=ids(FP8_GEMVS))
+def test_fp8_swiglu_gemv_equals_unfused(tactic):
+    """The FP8 down projection with SwiGLU-quantize folded into its GEMV gives the bits of the
+    SwiGLU-quantize kernel then the same GEMV (Llama-3.1-8B's down shape), and the
+    reference's values."""
+    n, inter = 4096, 14336
+    w = torch.randn(n, inter, device=DEV) * 0.02
+    ws, xs = w.abs().max() / 448, torch.tensor(0.02, device=DEV)
+    weight = qref.quantize_fp8(w, ws)
+    fused = cuda_fp8.make_fp8_swiglu_linear(tactic)
+    for T in range(1, tactic.as_dict()["max_m"] + 1):
+        gate_up = torch.randn(T, 2 * inter, device=DEV, dtype=BF16)
+        out = fused(gate_up, weight, ws, xs)
+        act = tq.make_swiglu_quant_fp8(None)(gate_up, xs)
+        assert torch.equal(
+            out, cuda_fp8.make_fp8_linear(tactic)(act, weight, ws, xs, out_dtype=BF16)
+        )
+        assert rel_err(out, qref.fp8_swiglu_linear(gate_up, weight, ws, xs)) < FP8_TOL
+
+
 @needs_fp8
 def test_fp8_gemm_odd_shapes_and_prequantized_x():
     fn = cuda_fp8.make_fp8_linear(None)

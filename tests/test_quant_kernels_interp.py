@@ -143,6 +143,32 @@ else:
             assert rel_err(out, ref) < (1e-5 if out_dtype == torch.float32 else 2e-3), T
         assert len(launched) == max_m  # T = max_m + 1 took the other path
 
+    @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
+    def test_fp8_swiglu_gemv(tactic, monkeypatch):
+        """SwiGLU-quantize folded into the FP8 down projection's GEMV: the same bits as the
+        SwiGLU-quantize kernel then the FP8 GEMV, and the reference's values."""
+        gated = []
+        real = cuda_fp8.launch_gemv
+        monkeypatch.setattr(
+            cuda_fp8, "launch_gemv", lambda *a: gated.append(a[5]) or real(*a)
+        )  # a[5]: gated
+        torch.manual_seed(5)
+        max_m = tactic.as_dict()["max_m"]
+        inter, N = tactic.as_dict()["block_k"] + 48, 37
+        w = torch.randn(N, inter) * 0.05
+        ws, xs = w.abs().max() / 448, torch.tensor(0.004)
+        weight, b = qref.quantize_fp8(w, ws), torch.randn(N).to(torch.float16)
+        fused = cuda_fp8.make_fp8_swiglu_linear(tactic)
+        for T in range(1, max_m + 2):
+            gate_up = torch.randn(T, 2 * inter).to(torch.float16)
+            out = fused(gate_up, weight, ws, xs, b)
+            act = tq.make_swiglu_quant_fp8(None)(gate_up, xs)
+            unfused = cuda_fp8.make_fp8_linear(tactic)(act, weight, ws, xs, b, out_dtype=out.dtype)
+            assert out.dtype == torch.float16 and torch.equal(out, unfused), T
+            ref = qref.fp8_swiglu_linear(gate_up, weight, ws, xs, b)
+            assert rel_err(out, ref) < 2e-2, T  # fp16 SwiGLU rounding flips some fp8 steps
+        assert gated.count(True) == max_m  # the folded GEMV ran for T <= max_m only
+
     # ------------------------------------------------------------------ W4A16
 
     def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):

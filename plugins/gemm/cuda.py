@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
+from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
@@ -81,12 +82,14 @@ def _gemv_chunk(
     x_ptrs,
     k0,
     K,
+    sx,
     MASKED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     VEC: tl.constexpr,
     GATED: tl.constexpr,
+    QUANT_X: tl.constexpr,
 ):
     if MASKED:
         km = (k0 + tl.arange(0, BLOCK_K)) < K
@@ -101,9 +104,12 @@ def _gemv_chunk(
             ut = tl.load(x_ptrs + K + k0)
     if GATED:
         # x rows are [gate | up]: silu(gate) * up in fp32, rounded once to the model dtype,
-        # exactly as the SwiGLU kernel would have written it
+        # exactly as the SwiGLU kernel would have written it (and, QUANT_X, quantized with the
+        # FP8 GEMM's input scale as the SwiGLU-quantize kernel would have)
         g = xt.to(tl.float32)
-        xt = (g / (1.0 + tl.exp(-g)) * ut.to(tl.float32)).to(wt.dtype)
+        xt = (g / (1.0 + tl.exp(-g)) * ut.to(tl.float32)).to(xt.dtype)
+        if QUANT_X:
+            xt = quant_fp8(xt.to(tl.float32), sx)
     w4 = tl.reshape(wt.to(tl.float32), [1, BLOCK_N, BLOCK_K // VEC, VEC])
     x4 = tl.reshape(xt.to(tl.float32), [BLOCK_M, 1, BLOCK_K // VEC, VEC])
     return acc + tl.sum(w4 * x4, axis=3)
@@ -133,14 +139,18 @@ def _gemv_kernel(
     GATED: tl.constexpr = False,
     SCALED: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    QUANT_X: tl.constexpr = False,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
     SCALED: x and w are FP8 with per-tensor scales (float32 [] at sx_ptr, sw_ptr): the fp32
     sum (products of fp8 values are exact) is multiplied by sx * sw before the bias.
+    QUANT_X (with GATED, SCALED): x arrives in the model dtype and is quantized to FP8 with
+    sx as it is loaded (the SwiGLU-quantize kernel folded into the FP8 down projection).
 
-    K and the row strides come divided by VEC (16 bytes of elements), so the compiler knows
-    every row starts 16-byte aligned and emits 16-byte loads for any K that is a multiple of VEC.
+    K and the row strides come divided by VEC (16 bytes of the weight's elements), so the
+    compiler knows every row starts 16-byte aligned and emits 16-byte weight loads for any K
+    that is a multiple of VEC.
     """
     pdl_begin(PDL)
     K = K_v * VEC
@@ -157,13 +167,19 @@ def _gemv_kernel(
     w_ptrs = w_ptr + rn_c.to(tl.int64)[:, None] * swn + rk[None, :]
     x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
+    sx = 1.0
+    if QUANT_X:
+        sx = tl.load(sx_ptr)
     k_full = (K // BLOCK_K) * BLOCK_K
     for k0 in tl.range(0, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        acc = _gemv_chunk(acc, w_ptrs, x_ptrs, k0, K, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED)
+        acc = _gemv_chunk(
+            acc, w_ptrs, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
     if k_full < K:
         acc = _gemv_chunk(
-            acc, w_ptrs, x_ptrs, k_full, K, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED
-        )
+            acc, w_ptrs, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED,
+            QUANT_X,
+        )  # fmt: skip
     y = tl.sum(acc, axis=2)
     if SCALED:
         y = y * (tl.load(sx_ptr) * tl.load(sw_ptr))
@@ -201,16 +217,21 @@ _GEMV_DEVICES = ("cuda", "meta") + (("cpu",) if os.environ.get("TRITON_INTERPRET
 def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=None) -> bool:
     """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
     multiple of 16 bytes: every real model; anything else goes to cuBLAS). gated: x is
-    [gate | up], twice weight's K wide. FP8 x and weight (not gated) give `out_dtype`."""
+    [gate | up], twice weight's K wide. FP8 weights (with FP8 x, or gated x in the model
+    dtype, quantized on load) give `out_dtype`."""
     T = x.shape[0] if x.dim() == 2 else 0
-    vec = 16 // x.element_size()
-    fp8 = x.dtype == torch.float8_e4m3fn and not gated
+    vec = 16 // weight.element_size()
+    f8, halves = torch.float8_e4m3fn, (torch.bfloat16, torch.float16)
+    dtypes_ok = (
+        (x.dtype in halves and weight.dtype == x.dtype)  # plain (gated or not)
+        or (x.dtype == f8 and weight.dtype == f8 and not gated)  # FP8, x quantized before
+        or (gated and x.dtype in halves and weight.dtype == f8)  # FP8, x quantized on load
+    )
     out_dtype = out_dtype or x.dtype
     return (
         x.dim() == 2
         and 0 < T <= min(max_m, _MAX_BLOCK_M)
-        and (x.dtype in (torch.bfloat16, torch.float16) or fp8)
-        and weight.dtype == x.dtype
+        and dtypes_ok
         and out_dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.dim() == 2
         and weight.shape[1] * (2 if gated else 1) == x.shape[1]
@@ -230,13 +251,14 @@ def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=Non
 def launch_gemv(
     x, weight, bias, out, params, gated: bool, scales=None, out_dtype=None
 ) -> torch.Tensor:
-    """The GEMV kernel (`gemv_ok` must hold). scales: (x scale, weight scale) of FP8 operands."""
+    """The GEMV kernel (`gemv_ok` must hold). scales: (x scale, weight scale) of FP8 weights;
+    gated x in the model dtype is then quantized with the x scale as it is loaded."""
     T = x.shape[0]
     N, K = weight.shape
     if out is None:
         out = torch.empty((T, N), dtype=out_dtype or x.dtype, device=x.device)
     bn = int(params["block_n"])
-    vec = 16 // x.element_size()
+    vec = 16 // weight.element_size()
     sx, sw = scales if scales is not None else (weight, weight)
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x,
@@ -260,6 +282,7 @@ def launch_gemv(
         UNROLL=int(params.get("unroll", 1)),
         GATED=gated,
         SCALED=scales is not None,
+        QUANT_X=scales is not None and x.dtype != weight.dtype,
         num_warps=int(params["num_warps"]),
         num_stages=1,
         **launch_options(),

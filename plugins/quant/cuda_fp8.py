@@ -94,3 +94,33 @@ def make_fp8_linear(tactic: Tactic | None = None):
         return y
 
     return fp8_linear
+
+
+def make_fp8_swiglu_linear(tactic: Tactic | None = None):
+    """SwiGLU + quantize folded into the FP8 down projection (`reference.fp8_swiglu_linear`):
+    for decode-sized T a GEMV tactic computes silu(gate) * up and quantizes it as it loads x,
+    saving the SwiGLU-quantize launch; otherwise that kernel, then `fp8_gemm`."""
+    from .triton_quantize import make_swiglu_quant_fp8
+
+    params = tactic.as_dict() if tactic is not None else {}
+    max_m = int(params.get("max_m", 0))
+    swiglu_q = make_swiglu_quant_fp8(None)
+    linear = make_fp8_linear(tactic)
+
+    def fp8_swiglu_linear(
+        gate_up: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        out_dtype = out_dtype or gate_up.dtype
+        if max_m and gemv_ok(gate_up, weight, bias, None, max_m, True, out_dtype):
+            scales = (input_scale, weight_scale)
+            return launch_gemv(gate_up, weight, bias, None, params, True, scales, out_dtype)
+        act = swiglu_q(gate_up, input_scale)
+        return linear(act, weight, weight_scale, input_scale, bias, out_dtype=out_dtype)
+
+    return fp8_swiglu_linear

@@ -87,6 +87,27 @@ def swiglu_quant_fp8(gate_up: torch.Tensor, input_scale: torch.Tensor) -> torch.
     return quantize_fp8(swiglu(gate_up), input_scale)
 
 
+def fp8_swiglu_linear(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """SwiGLU, quantized with input_scale, then the FP8 GEMM: gate_up [T, 2I], weight fp8
+    [N, I] -> [T, N] in out_dtype (default gate_up's dtype). The MLP's down projection."""
+    act = swiglu_quant_fp8(gate_up, input_scale)
+    return fp8_linear(
+        act, weight, weight_scale, input_scale, bias, out_dtype=out_dtype or gate_up.dtype
+    )
+
+
+def make_fp8_swiglu_linear(tactic=None):
+    return fp8_swiglu_linear
+
+
 def make_rms_norm_quant_fp8(tactic=None):
     return rms_norm_quant_fp8
 
