@@ -10,7 +10,8 @@
 # throughput at 128/128 (256 requests), 128/2048 (64), 2048/128 (128), 2048/2048 (64), the
 # HF baseline on the first 32 of each (ratios compare rates); serve 128/128 at 4, 16 and
 # 64 requests/s (128 requests, HF 16). Extra flags after ENGINE_DIR go to `ingot bench`
-# (e.g. --num-requests / --hf-num-requests to shrink every point).
+# (e.g. --num-requests / --hf-num-requests to shrink every point). PDL=1 builds the engine
+# with programmatic dependent launch (build-engine --pdl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/bench_grid.sh OUT_DIR [ENGINE_DIR] [ingot bench flags...]}
@@ -22,7 +23,7 @@ if [[ -z "$engine" ]]; then
   if [[ ! -f "$engine/config.json" ]]; then
     echo "making a Llama-3.1-8B-shaped bf16 engine in $engine" >&2
     start=$SECONDS
-    python3 - "$out/work" <<'PY'
+    python3 - "$out/work" "${PDL:-0}" <<'PY'
 import shutil, sys
 from pathlib import Path
 
@@ -40,7 +41,10 @@ del model
 torch.cuda.empty_cache()
 convert_checkpoint(work / "hf", work / "ckpt", dtype="bfloat16", force=True)
 shutil.rmtree(work / "hf")
-build_engine(work / "ckpt", work / "engine", target="auto", force=True, preset="llama-3.1-8b-bf16")
+build_engine(
+    work / "ckpt", work / "engine", target="auto", force=True, preset="llama-3.1-8b-bf16",
+    overrides={"pdl": sys.argv[2] == "1"},
+)
 shutil.rmtree(work / "ckpt")
 PY
     echo "engine ready in $(( SECONDS - start )) s" >&2
