@@ -5,6 +5,8 @@ Each request owns a seeded generator, so its tokens do not depend on what else i
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .types import SamplingParams
@@ -66,6 +68,7 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(0, order, sorted_logits)
 
 
+@functools.cache  # NOTE: eager steps call greedy_tokens every step; the vocab never changes
 def _argmax_chunks(vocab: int) -> int:
     """The largest divisor of `vocab` up to 256 (1: vocab is prime-ish or small)."""
     if vocab < 4096:

@@ -168,8 +168,8 @@ def _gemv_kernel(
     x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
     sx = 1.0
-    if QUANT_X:
-        sx = tl.load(sx_ptr)
+    if SCALED:
+        sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it; the epilogue rescales by it
     k_full = (K // BLOCK_K) * BLOCK_K
     for k0 in tl.range(0, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
         acc = _gemv_chunk(
@@ -182,7 +182,7 @@ def _gemv_kernel(
         )  # fmt: skip
     y = tl.sum(acc, axis=2)
     if SCALED:
-        y = y * (tl.load(sx_ptr) * tl.load(sw_ptr))
+        y = y * (sx * tl.load(sw_ptr))
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     o_ptrs = out_ptr + rm[:, None] * som + rn[None, :]
