@@ -70,15 +70,17 @@ def _choice(
 class _Shapes:
     """Random inputs at the engine's shapes, on the GPU."""
 
-    def __init__(self, m: ModelConfig, b: BuildConfig) -> None:
+    def __init__(self, m: ModelConfig, b: BuildConfig, device: str = "cuda") -> None:
         self.m, self.b = m, b
         self.dt = _DTYPES[m.dtype]
-        self.dev = torch.device("cuda")
+        self.dev = torch.device(device)
 
     def t(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.randn(*shape, dtype=dtype or self.dt, device=self.dev)
 
     def attention(self, n_q: int, ctx: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """One sequence: n_q queries (1: the decode kernel's inputs, else the prefill
+        kernel's) ending a context of ctx tokens."""
         m, bs = self.m, self.b.tokens_per_block
         blocks = -(-ctx // bs)
         kc = self.t(blocks + 1, bs, m.num_kv_heads, m.head_dim)
@@ -97,7 +99,10 @@ class _Shapes:
             m.head_dim**-0.5,
             m.sliding_window,
         )
-        return args, {"max_query_len": n_q, "max_context_len": self.b.max_seq_len}
+        # NOTE: each kernel takes only its own bound (a stray kwarg made every candidate fail)
+        if n_q == 1:
+            return args, {"max_context_len": self.b.max_seq_len}
+        return args, {"max_query_len": n_q}
 
     def op(self, name: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         m, d = self.m, self.m.hidden_size

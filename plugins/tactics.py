@@ -96,11 +96,15 @@ def time_tactics(
     factory = factory or resolve_factory(spec_name)
     args, kwargs = make_inputs()
     results: list[tuple[Tactic, float]] = []
+    error: Exception | None = None
     for tactic in candidates:
         fn = factory(tactic)
         try:
             ms = _median_ms(lambda fn=fn: fn(*args, **kwargs), repeats)
-        except Exception:  # noqa: BLE001 - a failing tactic is skipped, not fatal
-            ms = float("inf")
+        except Exception as e:  # noqa: BLE001 - a failing tactic is skipped, not fatal
+            ms, error = float("inf"), e
         results.append((tactic, ms))
+    if error is not None and all(ms == float("inf") for _, ms in results):
+        # every candidate failing is a bug in the inputs or the plugin, not a tactic's limit
+        raise RuntimeError(f"no {spec_name} tactic ran: {error}") from error
     return sorted(results, key=lambda r: r[1])

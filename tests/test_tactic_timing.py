@@ -1,0 +1,50 @@
+"""Tactic timing on the CPU: the inputs a GPU build times each kernel with fit that kernel's
+call, and a build stops when no candidate of an op runs at all (the H200 bench JSON once showed
+every paged_attention candidate at `inf`: the shared inputs carried a keyword neither kernel
+takes, so the engine silently kept the default tactics)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from model_shapes import LLAMA_3_1_8B
+
+from ingot.compiler.tactic_select import _Shapes
+from ingot.plugins import tactics
+from ingot.plugins.attention.triton_decode import make_decode_attention
+from ingot.plugins.attention.triton_prefill import make_prefill_attention
+from ingot.plugins.tactics import Tactic, time_tactics
+from ingot.runtime.config import BuildConfig
+
+BUILD = BuildConfig(max_batch_size=8, max_seq_len=256, max_num_tokens=64, tokens_per_block=16)
+
+
+@pytest.mark.parametrize("n_q,factory", [(1, make_decode_attention), (64, make_prefill_attention)])
+def test_attention_timing_inputs_bind_to_the_kernel(n_q, factory):
+    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").attention(n_q, 128)
+    inspect.signature(factory(None)).bind(*args, **kwargs)  # TypeError on a stray keyword
+    assert args[0].shape == (n_q, LLAMA_3_1_8B.num_heads, LLAMA_3_1_8B.head_dim)
+
+
+def _fake_timer(fn, repeats):
+    fn()
+    return 1.0
+
+
+def test_one_failing_candidate_is_skipped_but_all_failing_is_an_error(monkeypatch):
+    monkeypatch.setattr(tactics, "_median_ms", _fake_timer)
+    good, bad = Tactic("good"), Tactic("bad")
+
+    def factory(t):
+        def fn(x):
+            if t is bad:
+                raise ValueError("out of shared memory")
+            return x
+
+        return fn
+
+    res = time_tactics("op", [bad, good], lambda: ((1,), {}), factory=factory)
+    assert res == [(good, 1.0), (bad, float("inf"))]
+    with pytest.raises(RuntimeError, match="no op tactic ran: out of shared memory"):
+        time_tactics("op", [bad], lambda: ((1,), {}), factory=factory)
