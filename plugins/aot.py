@@ -143,6 +143,7 @@ def compile_bundle(
         })  # fmt: skip
     stubs = []
     if host_stubs_from is not None:
+        stub_errors += _build_driver_utils()
         for path in sorted(Path(host_stubs_from).glob("*/*.so")):
             if path.name.startswith(_HOST_STUBS):
                 stubs.append({"dir": path.parent.name, **_add(files, path.read_bytes(), path.name)})
@@ -165,6 +166,26 @@ def _build_launcher(kernel: Any) -> int:
     try:
         driver.active.launcher_cls(kernel.src, kernel.metadata)
     except Exception:  # NOTE: an optimisation only; the engine stays correct without it
+        return 1
+    return 0
+
+
+def _build_driver_utils() -> int:
+    """Build Triton's driver utility module (`cuda_utils`) into the current cache dir, as the
+    first kernel launch of a process does. A process that had launched a kernel before the build
+    switched cache dirs (pytest workers did) built it elsewhere, so the bundle lacked it and the
+    runtime built it at load. Returns 1 when it could not be built, else 0."""
+    try:  # NOTE: the same call and key as CudaUtils.__init__ (triton/backends/nvidia/driver.py)
+        from triton.backends.nvidia import driver as nv
+
+        nv.compile_module_from_src(
+            src=Path(nv.dirname, "driver.c").read_text(),
+            name="cuda_utils",
+            library_dirs=nv.library_dirs(),
+            include_dirs=nv.include_dirs,
+            libraries=nv.libraries,
+        )
+    except Exception:  # NOTE: an optimisation only, as for the launchers
         return 1
     return 0
 

@@ -31,7 +31,10 @@ rc=0
 KERNEL_TESTS="tests/test_gpu_kernels.py tests/test_gpu_gemv.py tests/test_gpu_quant.py"
 E2E_TESTS="tests/test_gpu_e2e.py tests/test_gpu_quant_e2e.py tests/test_aot.py"
 gpu_tests() {  # $1: test paths; $2: log/XML name. Lists failures, then pytest's last lines.
-  timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
+  # $2.failures: each failure's traceback, written as it happens (tests/conftest.py)
+  # OMP_NUM_THREADS: 8 workers on 16 cores; CPU-side work (calibration, CPU reference engines)
+  # otherwise runs 8 x 16 threads
+  OMP_NUM_THREADS=2 INGOT_FAILURE_LOG="$OUT/$2.failures" timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
     --durations=15 --junitxml="$OUT/$2.xml" $1 > "$OUT/$2.log" 2>&1 || rc=1
   grep -E "FAILED|ERROR" "$OUT/$2.log" | head -20; tail -3 "$OUT/$2.log"
 }

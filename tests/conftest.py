@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -43,3 +44,13 @@ def hf_copy(tmp_path: Path, tiny_hf_dir: Callable[..., Path]) -> Callable[..., P
         return dst
 
     return copy
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """INGOT_FAILURE_LOG=FILE: append each failure's report as it happens (with xdist, in the
+    controller). The GPU round runs under a time limit that can cut pytest off before its
+    summary; this keeps the reasons of the failures that came before."""
+    path = os.environ.get("INGOT_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

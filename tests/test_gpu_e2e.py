@@ -87,7 +87,10 @@ print(json.dumps({"compiled": c.kernels, "names": sorted(c.compiled), "hits": c.
 def test_pdl_engines_give_the_same_tokens(tmp_path):
     """Programmatic dependent launch changes when kernels start, never what they compute: a
     bf16 engine (GEMV decode path) gives exactly the tokens of the same engine without it, with
-    and without graphs; a float32 one the CPU reference's."""
+    graphs and (comparing eager with eager) without; a float32 one the CPU reference's.
+
+    NOTE: eager and graph decoding may differ in bf16 (graphs pad the batch to a bucket, which
+    can pick another GEMM path), so eager is compared with eager."""
     hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=7)
     for dtype in ("bfloat16", "float32"):
         ckpt = convert_checkpoint(hf, tmp_path / f"ckpt-{dtype}", dtype=dtype)
@@ -105,7 +108,9 @@ def test_pdl_engines_give_the_same_tokens(tmp_path):
         prompts = random_prompts(load_engine(pdl).config.model.vocab_size, seed=5)
         with_pdl = serve_staggered(pdl, prompts, NEW)
         assert with_pdl == serve_staggered(plain, prompts, NEW), dtype
-        assert serve_staggered(pdl, prompts, NEW, cuda_graphs=False) == with_pdl, dtype
+        assert serve_staggered(pdl, prompts, NEW, cuda_graphs=False) == serve_staggered(
+            plain, prompts, NEW, cuda_graphs=False
+        ), dtype
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     assert with_pdl == serve_staggered(cpu, prompts, NEW)
 
@@ -116,6 +121,12 @@ def test_engine_kernels_load_without_compiling(tmp_path, tactics):
     import subprocess
     import sys
 
+    from ingot.plugins.norm.triton_kernels import make_rms_norm
+
+    # a Triton kernel launched first (as in any process that ran one before building) has made
+    # Triton build its driver utilities in the default cache, not in the build's own
+    x = torch.randn(2, 64, device="cuda")
+    make_rms_norm(None)(x, torch.ones(64, device="cuda"), 1e-5)
     hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=6)
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
     # "pdl": default tactics, programmatic dependent launch (the kernels' PDL variants)

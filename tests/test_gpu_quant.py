@@ -88,9 +88,13 @@ FP8_GEMVS = [t for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("max_m")]
 @needs_fp8
 @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=ids(FP8_GEMVS))
 def test_fp8_swiglu_gemv_equals_unfused(tactic):
-    """The FP8 down projection with SwiGLU-quantize folded into its GEMV gives the bits of the
-    SwiGLU-quantize kernel then the same GEMV (Llama-3.1-8B's down shape), and the
-    reference's values."""
+    """The FP8 down projection with SwiGLU-quantize folded into its GEMV agrees with the
+    SwiGLU-quantize kernel then the same GEMV (Llama-3.1-8B's down shape) to one bf16 ulp per
+    element, and with the reference's values.
+
+    NOTE: not bit for bit on the GPU (the H200 run had 4 of 5 tactics differ): x arrives as bf16
+    instead of fp8, so the compiler lays the tile out differently and sums the fp32 products in
+    another order. The Triton interpreter checks the exact bits (test_fp8_swiglu_gemv)."""
     n, inter = 4096, 14336
     w = torch.randn(n, inter, device=DEV) * 0.02
     ws, xs = w.abs().max() / 448, torch.tensor(0.02, device=DEV)
@@ -100,9 +104,9 @@ def test_fp8_swiglu_gemv_equals_unfused(tactic):
         gate_up = torch.randn(T, 2 * inter, device=DEV, dtype=BF16)
         out = fused(gate_up, weight, ws, xs)
         act = tq.make_swiglu_quant_fp8(None)(gate_up, xs)
-        assert torch.equal(
-            out, cuda_fp8.make_fp8_linear(tactic)(act, weight, ws, xs, out_dtype=BF16)
-        )
+        unfused = cuda_fp8.make_fp8_linear(tactic)(act, weight, ws, xs, out_dtype=BF16).float()
+        ulp = unfused.abs() * 2**-7  # a bf16 ulp is at most 2^-7 of the value
+        assert ((out.float() - unfused).abs() <= ulp + 1e-6).all()
         assert rel_err(out, qref.fp8_swiglu_linear(gate_up, weight, ws, xs)) < FP8_TOL
 
 
