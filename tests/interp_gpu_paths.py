@@ -47,7 +47,9 @@ def _record_graphs(buckets, run, prepare=None):
 
 
 def check_swiglu_gemv() -> None:
-    """The decode GEMV with SwiGLU fused into its loads equals SwiGLU then GEMV."""
+    """The decode GEMV with SwiGLU fused into its loads equals SwiGLU then GEMV; its PDL
+    variant (K = 96 < BLOCK_K: the chunk loaded before the wait is all of K) the same bits."""
+    from ingot.plugins import pdl
     from ingot.plugins.activation.triton_kernels import make_swiglu
     from ingot.plugins.gemm.cuda import GEMM_TACTICS, make_linear, make_swiglu_linear
 
@@ -60,6 +62,9 @@ def check_swiglu_gemv() -> None:
         fused = make_swiglu_linear(gemv)(gate_up, w)
         unfused = make_linear(gemv)(act, w)
         assert torch.equal(fused, unfused), (fused - unfused).abs().max()
+        with pdl.scope(True):
+            assert torch.equal(make_swiglu_linear(gemv)(gate_up, w), fused)
+            assert torch.equal(make_linear(gemv)(act, w), unfused)
         ref = act.float() @ w.float().t()
         assert (unfused.float() - ref).abs().max() <= 1e-3 * ref.abs().max()
 

@@ -36,6 +36,7 @@ else:
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
     from kernel_checks import rel_err, rope_fp8_write_fused_vs_unfused, same_bits
 
+    from ingot.plugins import pdl
     from ingot.plugins.attention import reference as attn_ref
     from ingot.plugins.attention import triton_decode as dec
     from ingot.plugins.attention import triton_kv_write as kvw
@@ -141,7 +142,9 @@ else:
             out = fn(xq, weight, ws, xs, b, out_dtype=out_dtype)
             assert out.dtype == out_dtype
             assert rel_err(out, ref) < (1e-5 if out_dtype == torch.float32 else 2e-3), T
-        assert len(launched) == max_m  # T = max_m + 1 took the other path
+            with pdl.scope(True):  # weight chunk 0 loaded before the wait: the same sums
+                assert torch.equal(fn(xq, weight, ws, xs, b, out_dtype=out_dtype), out), T
+        assert len(launched) == 2 * max_m  # T = max_m + 1 took the other path
 
     @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
     def test_fp8_swiglu_gemv(tactic, monkeypatch):
@@ -165,9 +168,11 @@ else:
             act = tq.make_swiglu_quant_fp8(None)(gate_up, xs)
             unfused = cuda_fp8.make_fp8_linear(tactic)(act, weight, ws, xs, b, out_dtype=out.dtype)
             assert out.dtype == torch.float16 and torch.equal(out, unfused), T
+            with pdl.scope(True):
+                assert torch.equal(fused(gate_up, weight, ws, xs, b), out), T
             ref = qref.fp8_swiglu_linear(gate_up, weight, ws, xs, b)
             assert rel_err(out, ref) < 2e-2, T  # fp16 SwiGLU rounding flips some fp8 steps
-        assert gated.count(True) == max_m  # the folded GEMV ran for T <= max_m only
+        assert gated.count(True) == 2 * max_m  # the folded GEMV ran for T <= max_m only
 
     # ------------------------------------------------------------------ W4A16
 

@@ -76,9 +76,18 @@ EMBEDDING_TACTICS: tuple[Tactic, ...] = (Tactic("torch"),)
 
 
 @triton.jit
-def _gemv_chunk(
+def _load_w(w_ptrs, k0, K, MASKED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight chunk at k0 (streamed once: evict it first)."""
+    if MASKED:
+        km = (k0 + tl.arange(0, BLOCK_K)) < K
+        return tl.load(w_ptrs + k0, mask=km[None, :], other=0.0, eviction_policy="evict_first")
+    return tl.load(w_ptrs + k0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _gemv_fma(
     acc,
-    w_ptrs,
+    wt,
     x_ptrs,
     k0,
     K,
@@ -91,14 +100,13 @@ def _gemv_chunk(
     GATED: tl.constexpr,
     QUANT_X: tl.constexpr,
 ):
+    """acc + the products of the weight chunk wt (already loaded) with x's chunk at k0."""
     if MASKED:
         km = (k0 + tl.arange(0, BLOCK_K)) < K
-        wt = tl.load(w_ptrs + k0, mask=km[None, :], other=0.0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs + k0, mask=km[None, :], other=0.0)
         if GATED:
             ut = tl.load(x_ptrs + K + k0, mask=km[None, :], other=0.0)
     else:
-        wt = tl.load(w_ptrs + k0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs + k0)
         if GATED:
             ut = tl.load(x_ptrs + K + k0)
@@ -151,8 +159,11 @@ def _gemv_kernel(
     K and the row strides come divided by VEC (16 bytes of the weight's elements), so the
     compiler knows every row starts 16-byte aligned and emits 16-byte weight loads for any K
     that is a multiple of VEC.
+
+    PDL: the weights never depend on the kernel before, so each program loads its first weight
+    chunk before waiting for that kernel (`pdl_begin`), and x only after: the first DRAM round
+    trip overlaps the predecessor's tail instead of following it.
     """
-    pdl_begin(PDL)
     K = K_v * VEC
     sxm = sxm_v * VEC
     swn = swn_v * VEC
@@ -171,15 +182,24 @@ def _gemv_kernel(
     if SCALED:
         sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it; the epilogue rescales by it
     k_full = (K // BLOCK_K) * BLOCK_K
-    for k0 in tl.range(0, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        acc = _gemv_chunk(
-            acc, w_ptrs, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+    START: tl.constexpr = BLOCK_K if PDL else 0  # where the loop begins
+    if PDL:
+        # chunk 0 (masked: K may be shorter than BLOCK_K), loaded before the wait
+        w0 = _load_w(w_ptrs, 0, K, True, BLOCK_K)
+        pdl_begin(PDL)
+        acc = _gemv_fma(
+            acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
         )
-    if k_full < K:
-        acc = _gemv_chunk(
-            acc, w_ptrs, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED,
-            QUANT_X,
-        )  # fmt: skip
+    for k0 in tl.range(START, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        wt = _load_w(w_ptrs, k0, K, False, BLOCK_K)
+        acc = _gemv_fma(
+            acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
+    if k_full < K and k_full >= START:  # the tail, unless chunk 0 was all of K
+        wt = _load_w(w_ptrs, k_full, K, True, BLOCK_K)
+        acc = _gemv_fma(
+            acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
     y = tl.sum(acc, axis=2)
     if SCALED:
         y = y * (sx * tl.load(sw_ptr))
