@@ -198,13 +198,21 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         sync(device)
         return first, time.perf_counter() - t0
 
+    def ttft_samples(seed: int) -> dict[int, list[float]]:
+        """Five lone prompts per length: seconds to the first token of each."""
+        return {
+            n: [serve(prompts(1, n, vocab, seed + i), 1)[0] for i in range(5)]
+            for n in args.ttft_lens
+        }
+
     serve(prompts(2, 16, vocab, 1), 4)  # warm-up
-    ttft = {
-        n: statistics.median(serve(prompts(1, n, vocab, 10 + i), 1)[0] for i in range(5))
-        for n in args.ttft_lens
-    }
+    early = ttft_samples(10)
+    ttft = {n: statistics.median(v) for n, v in early.items()}
     first, total = serve(prompts(1, 128, vocab, 20), args.decode_tokens)
     _, tput = serve(prompts(args.batch, args.tput_in, vocab, 30), args.tput_out)
+    # NOTE: the same TTFT once more, after the GPU has been busy for seconds: a difference
+    # from the first points at warm-up (clocks, first-time costs) rather than the step itself
+    late = ttft_samples(50)
     m = ex.config.model
     profile = {}
     if args.profile and device.type == "cuda":
@@ -227,6 +235,8 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         "kv_blocks": ex.kv.num_blocks,
         "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
+        "ttft_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in early.items()},
+        "ttft_late_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in late.items()},
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
         # NOTE: what a decode step reads (the embedding and RoPE tables only a row per token)
         "weight_bytes": decode_weight_bytes(ex.decoder.w, m),
