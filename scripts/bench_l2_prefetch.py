@@ -1,0 +1,98 @@
+"""How much faster a decode GEMV runs when the first part of its weight is already in L2.
+
+A batch-1 decode step leaves DRAM idle while its small kernels run (attention, norms, RoPE:
+~18 µs per layer on the H200, docs/performance.md). Weights never depend on the step's data,
+so a side stream could read the next GEMV's first megabytes into L2 in that time. This script
+measures the payoff before any engine code is written: per Llama-3.1-8B layer site, the GEMV's
+device time after L2 is flushed and then the first `fraction` of its weight rows is read (by a
+separate kernel), and how long that read takes on its own.
+
+Each figure is CUDA-graph timed: (graph of `calls` x [flush, read, gemv]) minus (graph of
+`calls` x [flush, read]), per call; the read alone is [flush, read] minus [flush].
+
+    python3 scripts/bench_l2_prefetch.py --out l2_prefetch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+import torch
+from bench_gemv import graph_ms  # scripts/ is on sys.path when a script runs
+
+from ingot.plugins.gemm import cuda as gemm
+
+SITES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
+L2_LIMIT = 40 * 1024**2  # read at most this much ahead: the H200's L2 is 50 MB
+
+
+def steps_ms(steps: list[Callable[[], None]], calls: int, repeats: int) -> float:
+    """Median device milliseconds of one CUDA-graph replay of `calls` x steps."""
+
+    def run() -> None:
+        for _ in range(calls):
+            for step in steps:
+                step()
+
+    return graph_ms(run, repeats)
+
+
+def site_rows(n: int, k: int, tactic, calls: int, repeats: int) -> list[dict]:
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    sink = torch.empty((), dtype=torch.float32, device="cuda")
+    flush = torch.empty(128 * 1024**2 // 4, dtype=torch.int32, device="cuda")
+    linear = gemm.make_linear(tactic)
+    rows_per_mb = 1024**2 / (k * 2)
+    base = steps_ms([flush.zero_], calls, repeats)
+    result = []
+    for f in FRACTIONS:
+        rows = min(int(n * f), int(L2_LIMIT / (k * 2)))
+        prefix = w[:rows]
+
+        def read(prefix=prefix) -> None:
+            if prefix.shape[0]:
+                torch.sum(prefix, dim=(0, 1), dtype=torch.float32, out=sink)  # into L2; unused
+
+        with_read = steps_ms([flush.zero_, read], calls, repeats)
+        with_gemv = steps_ms([flush.zero_, read, lambda: linear(x, w, None, out)], calls, repeats)
+        result.append(
+            {
+                "fraction": f,
+                "read_mb": round(rows / rows_per_mb, 2),
+                "read_us": round((with_read - base) / calls * 1e3, 2),
+                "gemv_us": round((with_gemv - with_read) / calls * 1e3, 2),
+            }
+        )
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    # the builder's usual pick at these sites on the H200 (docs/bench/bench-engine.json)
+    tactic = next(t for t in gemm.GEMM_TACTICS if t.name == "gemv_n2_k2048_w8_s1_u2")
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "tactic": tactic.name,
+        "sites": {
+            name: site_rows(n, k, tactic, args.calls, args.repeats)
+            for name, (n, k) in SITES.items()
+        },
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+    for name, rows in out["sites"].items():
+        cells = ", ".join(f"{r['read_mb']} MB: {r['gemv_us']} µs" for r in rows)
+        print(f"{name}: {cells}")
+
+
+if __name__ == "__main__":
+    main()
