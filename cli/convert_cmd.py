@@ -36,6 +36,13 @@ def convert_checkpoint_cmd(
     device: str = typer.Option(
         "auto", "--device", help="Where to calibrate: auto (cuda if present)|cpu|cuda."
     ),
+    quant_lm_head: bool = typer.Option(
+        False,
+        "--quant-lm-head",
+        help="With --quant fp8: quantize the lm_head too (it stays in the model dtype by "
+        "default). Saves its bytes per decode step (1 of 8 GB at Llama-3.1-8B); the accuracy "
+        "report measures what it costs.",
+    ),
     tp_size: int = typer.Option(
         1,
         "--tp-size",
@@ -59,6 +66,7 @@ def convert_checkpoint_cmd(
         calib_size=calib_size,
         calib_max_seq_len=calib_max_seq_len,
         device=device,
+        lm_head=quant_lm_head,
     )
 
     console = Console(stderr=True)

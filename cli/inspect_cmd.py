@@ -77,7 +77,8 @@ def inspect_engine_cmd(
 
 def _quant_detail(q) -> str:
     if q.mode == "fp8":
-        return ", W8A8 FP8 e4m3, static per-tensor scales"
+        lm_head = ", lm_head FP8 too" if q.lm_head else ""
+        return ", W8A8 FP8 e4m3, static per-tensor scales" + lm_head
     if q.mode == "int4_awq":
         return f", W4A16 INT4 AWQ, group size {q.group_size}"
     return ""

@@ -117,7 +117,11 @@ def select_plugins(
     # NOTE: plugins without an implementation for the target kind are left out; an engine
     # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
     if tactics == "auto" and can_time_on(target):
-        return tuple(timed_choices(model, build, progress, frozenset(unused), quant.group_size))
+        return tuple(
+            timed_choices(
+                model, build, progress, frozenset(unused), quant.group_size, quant.lm_head
+            )
+        )
     return tuple(c for c in default_choices(target, model) if c.name not in unused)
 
 

@@ -196,6 +196,7 @@ def timed_choices(
     progress: Progress | None = None,
     skip: frozenset[str] = frozenset(),
     group_size: int = 128,
+    quant_lm_head: bool = False,
 ) -> list[PluginChoice]:
     """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs,
     plain and quantized). skip: plugins the engine does not run (not timed, not returned).
@@ -264,8 +265,12 @@ def timed_choices(
             name, make = spec.name, site_inputs[spec.name]
             jobs.append((name, lambda n=name: _choice(n, get_spec(n).default_tactic("cuda"))))
             for site, (n, k, bias) in gemm_sites(model).items():
-                if name != "gemm" and site == "lm_head":
-                    continue  # the lm_head stays unquantized
+                if (
+                    name != "gemm"
+                    and site == "lm_head"
+                    and not (name == "fp8_gemm" and quant_lm_head)
+                ):
+                    continue  # the lm_head stays unquantized unless asked for
                 jobs.append(
                     (
                         f"{name}@{site}",

@@ -118,6 +118,10 @@ class Decoder:
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
         self._lm_head = ops.at("gemm", "lm_head")
+        if quant.lm_head:  # FP8 lm_head: the final norm's output is quantized inside the GEMM
+            fp8 = ops.at("fp8_gemm", "lm_head")
+            ws, xs = weights["lm_head.weight_scale"], weights["lm_head.input_scale"]
+            self._lm_head = lambda x, w: fp8(x, w, ws, xs, None, out_dtype=dtype)
 
     def _attention(
         self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
@@ -231,7 +235,7 @@ class Decoder:
     ):
         """RMSNorm of x (of residual + x, returning the new residual too, when `residual` is
         given). FP8 engines return it quantized for linear `consumer` (None: the final norm,
-        which the unquantized lm_head reads)."""
+        whose output `logits` takes in the model dtype, quantized lm_head or not)."""
         eps = self.cfg.rms_norm_eps
         if self.fp8_fused and consumer is not None:
             scale = self.w[consumer + ".input_scale"]
@@ -241,7 +245,8 @@ class Decoder:
         return self.ops.add_rms_norm(x, residual, weight, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does).
+        """hidden: [B, D] -> float32 logits [B, V] (lm_head in the model dtype, as HF does, or
+        FP8 when the engine quantized it).
 
         tp: every rank must call it with the same B (a collective); each computes its
         vocabulary slice and all gather the full (padded) vocabulary."""

@@ -37,6 +37,7 @@ MODES = {
     "fp8_weights": ("fp8", "auto"),
     "fp8_kv": ("none", "fp8"),
     "int4_awq": ("int4_awq", "auto"),
+    "fp8_lm_head": ("fp8", "fp8"),  # --quant-lm-head: the lm_head's FP8 GEMM on the GPU too
 }
 
 
@@ -52,7 +53,14 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     if "fp8" in (weights, kv) and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs SM >= 89")
     hf = train_next_token_map(make_tiny_hf_model(family, tmp_path / "hf", seed=4, **SIZES))
-    opts = QuantOptions(weights, kv, calib_size=8, calib_max_seq_len=64, device="cpu")
+    opts = QuantOptions(
+        weights,
+        kv,
+        calib_size=8,
+        calib_max_seq_len=64,
+        device="cpu",
+        lm_head=mode == "fp8_lm_head",
+    )
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16", quant=opts)
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     # FP8 tactics timed here; INT4's timed choice (10 tactics x 4 sites) is the slow part of a
@@ -60,7 +68,7 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     tactics = "default" if weights == "int4_awq" else "auto"
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics=tactics)
     quant = load_engine(gpu).config.quant
-    assert (quant.mode, quant.kv_cache_dtype) == (weights, kv)
+    assert (quant.mode, quant.kv_cache_dtype, quant.lm_head) == (weights, kv, opts.lm_head)
     prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=9)
     on_cpu = serve_staggered(cpu, prompts, NEW)
     on_gpu = serve_staggered(gpu, prompts, NEW)

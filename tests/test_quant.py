@@ -218,6 +218,34 @@ def test_export_matches_modelopt_fake_quant_on_unfused_linears(quantized, mode):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_fp8_lm_head_apart_from_a_tied_embedding(tmp_path):
+    """--quant-lm-head on a model whose lm_head is its embedding: the checkpoint gets an FP8
+    lm_head of the same values (the embedding stays fp32), the engine's logits are the FP8 GEMM
+    of the final hidden states, and the report prices it."""
+    from ingot.compiler.build import build_engine
+    from ingot.compiler.examples import make_tiny_hf_model
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.executor import Executor
+
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=1, tie_word_embeddings=True, **SIZES)
+    opts = QuantOptions("fp8", calib_size=4, calib_max_seq_len=64, device="cpu", lm_head=True)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", quant=opts)
+    meta, t = load_checkpoint(ckpt)
+    assert meta["quant"] == QuantConfig("fp8", lm_head=True)
+    w, ws, xs = t["lm_head.weight"], t["lm_head.weight_scale"], t["lm_head.input_scale"]
+    emb = t["embed.weight"]
+    assert w.dtype == torch.float8_e4m3fn and emb.dtype == torch.float32
+    deq = w.float() * ws
+    assert ((deq - emb).norm() / emb.norm()) < 0.05  # e4m3 keeps 3 mantissa bits
+    ex = Executor(load_engine(build_engine(ckpt, tmp_path / "engine", target="cpu")))
+    hidden = torch.randn(3, SIZES["hidden_size"])
+    logits = ex.decoder.logits(hidden)
+    torch.testing.assert_close(logits, fp8_linear(hidden, w, ws, xs).float())
+    assert not torch.allclose(logits, hidden @ emb.t(), rtol=1e-3, atol=1e-3)
+    rep = json.loads((ckpt / "config.json").read_text())["quant_report"]
+    assert 0 < rep["mean_kl"] < 0.1 and rep["top1_agreement"] >= 0.5
+
+
 def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path):
     """The FP8 engine's fused norm/SwiGLU quantization is the unfused path bit for bit: each
     fused op quantizes with the input scale of the GEMM it feeds."""

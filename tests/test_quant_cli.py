@@ -25,22 +25,24 @@ def hf(tmp_path_factory) -> Path:
 def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("qckpt")
     out = {}
-    for mode, extra in (("fp8", ("--kv-cache-dtype", "fp8")), ("int4_awq", ())):
-        out[mode] = root / mode
-        r = invoke(
-            "convert-checkpoint", "--model-dir", hf, "--output-dir", out[mode],
-            "--quant", mode, *extra, *CALIB,
-        )  # fmt: skip
+    for key, args in (
+        ("fp8", ("--quant", "fp8", "--kv-cache-dtype", "fp8")),
+        ("int4_awq", ("--quant", "int4_awq")),
+        ("fp8_lm_head", ("--quant", "fp8", "--quant-lm-head")),
+    ):
+        out[key] = root / key
+        r = invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out[key], *args, *CALIB)
         assert r.exit_code == 0, r.output
         assert "top-1 agreement" in r.stdout and "mean KL" in r.stdout
     return out
 
 
-@pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
-def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, mode, tmp_path):
+@pytest.mark.parametrize("key", ["fp8", "int4_awq", "fp8_lm_head"])
+def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, key, tmp_path):
+    mode = key.removesuffix("_lm_head")
     engine = tmp_path / "engine"
     r = invoke(
-        "build-engine", "--checkpoint-dir", ckpts[mode], "--output-dir", engine,
+        "build-engine", "--checkpoint-dir", ckpts[key], "--output-dir", engine,
         "--target", "cpu", "--max-seq-len", "64", "--max-batch-size", "4", "--max-kl", "1.0",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
@@ -52,6 +54,8 @@ def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, mode, tmp_path):
     r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
     assert f"quantization  {mode}" in r.stdout and "top-1 agreement" in r.stdout
+    assert d["quant"]["lm_head"] == (key == "fp8_lm_head")
+    assert ("lm_head FP8 too" in r.stdout) == (key == "fp8_lm_head")
     r = invoke(
         "run-engine", "--engine-dir", engine, "--input-text", "The ferry left",
         "--input-text", "Bread asks for", "--max-output-len", "6",
@@ -117,6 +121,13 @@ def _convert(hf: Path, out: Path, *args):
 
 def test_unknown_quant(hf, tmp_path):
     assert_one_line_error(_convert(hf, tmp_path / "o", "--quant", "int3"), "int3", "int4_awq")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("quant", ["int4_awq", "none"])
+def test_quant_lm_head_needs_fp8(hf, tmp_path, quant):
+    r = _convert(hf, tmp_path / "o", "--quant", quant, "--quant-lm-head", *CALIB)
+    assert_one_line_error(r, "--quant-lm-head needs --quant fp8", f"--quant {quant}")
     assert not (tmp_path / "o").exists()
 
 

@@ -51,13 +51,14 @@ class QuantOptions:
     calib_max_seq_len: int = 512
     device: str = "auto"
     group_size: int = 128
+    lm_head: bool = False
 
     @property
     def active(self) -> bool:
         return self.mode != "none" or self.kv_cache_dtype == "fp8"
 
     def quant_config(self) -> QuantConfig:
-        return QuantConfig(self.mode, self.kv_cache_dtype, self.group_size)
+        return QuantConfig(self.mode, self.kv_cache_dtype, self.group_size, self.lm_head)
 
 
 def cuda_capability() -> tuple[int, int] | None:
@@ -83,6 +84,11 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
         raise ConfigError(f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}", "use auto or fp8")
     if opts.device not in DEVICES:
         raise ConfigError(f"unknown --device {opts.device!r}", "use auto, cpu or cuda")
+    if opts.lm_head and opts.mode != "fp8":
+        raise ConfigError(
+            f"--quant-lm-head needs --quant fp8 (got --quant {opts.mode})",
+            "add --quant fp8, or leave --quant-lm-head out",
+        )
     if not opts.active:
         if opts.calib_dataset is not None:
             raise ConfigError(

@@ -99,6 +99,9 @@ def mtq_config(mtq: Any, opts: QuantOptions) -> dict[str, Any]:
         _set_block_size(cfg["quant_cfg"], opts.group_size)
     else:  # KV cache only
         cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    if opts.lm_head:  # FP8 per tensor, as the layers; later entries override the preset's
+        fp8 = {"num_bits": (4, 3), "axis": None}
+        _add_entries(cfg, {"*lm_head.weight_quantizer": fp8, "*lm_head.input_quantizer": fp8})
     if opts.kv_cache_dtype == "fp8":
         kv = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
         if isinstance(cfg["quant_cfg"], dict):  # older ModelOpt: a pattern -> config dict
@@ -106,6 +109,16 @@ def mtq_config(mtq: Any, opts: QuantOptions) -> dict[str, Any]:
         else:
             cfg["quant_cfg"] = list(cfg["quant_cfg"]) + list(kv)
     return cfg
+
+
+def _add_entries(cfg: dict[str, Any], entries: dict[str, Any]) -> None:
+    """Pattern -> quantizer config entries, after the preset's (either ModelOpt format)."""
+    if isinstance(cfg["quant_cfg"], dict):  # older ModelOpt: a pattern -> config dict
+        cfg["quant_cfg"].update(entries)
+    else:
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [
+            {"quantizer_name": k, "cfg": v} for k, v in entries.items()
+        ]
 
 
 def _set_block_size(quant_cfg: Any, group_size: int) -> None:

@@ -79,5 +79,8 @@ def export_tensors(
             a = attn[i]
             out[f"layers.{i}.attn.k_scale"] = scale_of(float(_amax(a.k_bmm_quantizer, "K")))
             out[f"layers.{i}.attn.v_scale"] = scale_of(float(_amax(a.v_bmm_quantizer, "V")))
+    if quant.lm_head:  # a tied lm_head gets its own FP8 copy; the embedding stays as it was
+        for key, t in _linear(model, ("lm_head.weight",), quant, dtype).items():
+            out["lm_head." + key] = t
     progress("quantizing", cfg.num_layers, cfg.num_layers)
     return out

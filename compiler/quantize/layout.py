@@ -5,6 +5,8 @@ Checkpoint (written by convert-checkpoint), per quantized linear X:
   int4_awq: X.weight int32 [N, K/8] (codes q+8, low nibble first along K),
             X.weight_scale [N, K/G] and X.pre_quant_scale [K] in the model dtype
   kv fp8:   layers.{i}.attn.k_scale / v_scale float32 []
+  lm_head (fp8 with --quant-lm-head): lm_head.weight / weight_scale / input_scale as above,
+            also for tied embeddings (embed.weight stays in the model dtype)
 Engine (written by build-engine): fp8 unchanged ([N, K] row-major is the column-major B that
 `torch._scaled_mm` takes as weight.t()); int4 transposed to X.weight [K/8, N] and
 X.weight_scale [K/G, N] (plugin w4a16_gemm v1, see plugins/quant/reference.py).
@@ -48,6 +50,10 @@ def checkpoint_layout(cfg: ModelConfig, quant: QuantConfig) -> dict[str, tuple[t
         if quant.kv_cache_dtype == "fp8":
             out[f"layers.{i}.attn.k_scale"] = ((), "F32")
             out[f"layers.{i}.attn.v_scale"] = ((), "F32")
+    if quant.lm_head:
+        out["lm_head.weight"] = ((cfg.vocab_size, cfg.hidden_size), "F8_E4M3")
+        out["lm_head.weight_scale"] = ((), "F32")
+        out["lm_head.input_scale"] = ((), "F32")
     return out
 
 
