@@ -102,9 +102,10 @@ def test_fp8_engine_for_a_gpu_without_fp8_is_refused(ckpts, tmp_path):
 
 def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
-    for mode in ("fp8", "int4_awq"):
-        out = tmp_path / mode
-        r = invoke("build-engine", "--checkpoint-dir", ckpts[mode], "--output-dir", out,
+    for key in ("fp8", "int4_awq", "fp8_lm_head"):
+        mode = key.removesuffix("_lm_head")
+        out = tmp_path / key
+        r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir", out,
                    "--target", "sm_90", "--tactics", "default")  # fmt: skip
         assert r.exit_code == 0, r.output
         d = json.loads((out / "config.json").read_text())
