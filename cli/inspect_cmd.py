@@ -76,9 +76,9 @@ def inspect_engine_cmd(
 
 
 def _quant_detail(q) -> str:
+    lm_head = ", lm_head FP8 too" if q.lm_head else ""
     if q.mode == "fp8":
-        lm_head = ", lm_head FP8 too" if q.lm_head else ""
         return ", W8A8 FP8 e4m3, static per-tensor scales" + lm_head
     if q.mode == "int4_awq":
-        return f", W4A16 INT4 AWQ, group size {q.group_size}"
+        return f", W4A16 INT4 AWQ, group size {q.group_size}" + lm_head
     return ""

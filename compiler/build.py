@@ -113,7 +113,7 @@ def select_plugins(
         raise ConfigError(f"unknown --tactics {tactics!r}", "use auto or default")
     quant = quant or QuantConfig()
     check_quant_target(target, quant)
-    unused = unused_plugins(quant.mode)
+    unused = unused_plugins(quant.mode, quant.lm_head)
     # NOTE: plugins without an implementation for the target kind are left out; an engine
     # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
     if tactics == "auto" and can_time_on(target):
@@ -138,7 +138,7 @@ def check_quant_target(target: str, quant: QuantConfig) -> None:
             f"(plugin {gemm} has no {kind} implementation)",
             "build with --target cpu",
         )
-    uses_fp8 = quant.mode == "fp8" or quant.kv_cache_dtype == "fp8"
+    uses_fp8 = quant.mode == "fp8" or quant.kv_cache_dtype == "fp8" or quant.lm_head
     if kind == "cpu" or not uses_fp8:
         return
     sm: int | None = None
@@ -148,7 +148,7 @@ def check_quant_target(target: str, quant: QuantConfig) -> None:
         major, minor = torch.cuda.get_device_capability()
         sm = major * 10 + minor
     if sm is not None and sm < 89:
-        what = "FP8 weights" if quant.mode == "fp8" else "an FP8 KV cache"
+        what = "FP8 weights" if quant.mode == "fp8" or quant.lm_head else "an FP8 KV cache"
         raise ConfigError(
             f"target {target} cannot run {what}: FP8 kernels need SM >= 89 (Ada, Hopper or newer)",
             "build for an sm_89+ GPU or --target cpu, or convert without FP8 "

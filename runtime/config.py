@@ -120,12 +120,16 @@ class QuantConfig:
     mode: str = "none"
     kv_cache_dtype: str = "auto"
     group_size: int = 128
-    # the lm_head quantized too (FP8 only; by default it stays in the model dtype)
+    # the lm_head quantized too, to FP8 (fp8 and int4_awq modes; by default it stays in the
+    # model dtype)
     lm_head: bool = False
 
     def __post_init__(self) -> None:
         _require(self.mode in QUANT_MODES, f"quant mode {self.mode!r} not in {QUANT_MODES}")
-        _require(not self.lm_head or self.mode == "fp8", "a quantized lm_head needs mode fp8")
+        _require(
+            not self.lm_head or self.mode in ("fp8", "int4_awq"),
+            "a quantized lm_head needs mode fp8 or int4_awq",
+        )
         _require(
             self.kv_cache_dtype in KV_CACHE_DTYPES,
             f"kv cache dtype {self.kv_cache_dtype!r} not in {KV_CACHE_DTYPES}",

@@ -9,8 +9,8 @@
 # latency (batch 1, 128/128) for each, and for FP8 throughput at 128/128, 2048/2048 and
 # 2048/128 (BF16 throughput at those shapes is in the standard grid). Results:
 # OUT_DIR/<mode>/{latency,tput_*}/*.json and OUT_DIR/summary.json (convert/build seconds, the
-# headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head: FP8 with
-# the lm_head quantized too, not in the default set); TPUT_MODES picks the
+# headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
+# int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
 # modes that get throughput points (default fp8); REQUESTS_128 / REQUESTS_2048 set their size;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
@@ -48,7 +48,8 @@ PY
 lap make_model
 
 declare -A quant=([bf16]="" [fp8]="--quant fp8 --kv-cache-dtype fp8" [int4_awq]="--quant int4_awq"
-  [fp8_lm_head]="--quant fp8 --kv-cache-dtype fp8 --quant-lm-head")
+  [fp8_lm_head]="--quant fp8 --kv-cache-dtype fp8 --quant-lm-head"
+  [int4_awq_lm_head]="--quant int4_awq --quant-lm-head")
 for mode in ${MODES:-bf16 fp8 int4_awq}; do
   start=$SECONDS
   # shellcheck disable=SC2086  # the quant flags split into words on purpose
@@ -79,7 +80,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines())}
-for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq"):
+for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     if not (out / mode / "latency.json").is_file():
         continue
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]

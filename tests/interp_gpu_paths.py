@@ -93,7 +93,7 @@ def main(family: str, quant: str = "none") -> None:
     cpu = load_engine(build_engine(ckpt, root / "cpu", target="cpu", overrides=build))
     m = cpu.config.model
     # the same weights, bound to the GPU plugins (default tactics) instead of the references
-    unused = unused_plugins(cpu.config.quant.mode)
+    unused = unused_plugins(cpu.config.quant.mode, cpu.config.quant.lm_head)
     gpu_cfg = dataclasses.replace(
         cpu.config,
         build=dataclasses.replace(cpu.config.build, target="sm_90"),

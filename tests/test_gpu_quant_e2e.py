@@ -37,7 +37,9 @@ MODES = {
     "fp8_weights": ("fp8", "auto"),
     "fp8_kv": ("none", "fp8"),
     "int4_awq": ("int4_awq", "auto"),
-    "fp8_lm_head": ("fp8", "fp8"),  # --quant-lm-head: the lm_head's FP8 GEMM on the GPU too
+    # --quant-lm-head: the lm_head's FP8 GEMM on the GPU too
+    "fp8_lm_head": ("fp8", "fp8"),
+    "int4_awq_lm_head": ("int4_awq", "auto"),
 }
 
 
@@ -50,7 +52,8 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     from ingot.compiler.examples import make_tiny_hf_model
 
     weights, kv = MODES[mode]
-    if "fp8" in (weights, kv) and torch.cuda.get_device_capability() < (8, 9):
+    fp8 = "fp8" in (weights, kv) or mode.endswith("_lm_head")
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs SM >= 89")
     hf = train_next_token_map(make_tiny_hf_model(family, tmp_path / "hf", seed=4, **SIZES))
     opts = QuantOptions(
@@ -59,7 +62,7 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
         calib_size=8,
         calib_max_seq_len=64,
         device="cpu",
-        lm_head=mode == "fp8_lm_head",
+        lm_head=mode.endswith("_lm_head"),
     )
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16", quant=opts)
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)

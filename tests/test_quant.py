@@ -246,6 +246,46 @@ def test_fp8_lm_head_apart_from_a_tied_embedding(tmp_path):
     assert 0 < rep["mean_kl"] < 0.1 and rep["top1_agreement"] >= 0.5
 
 
+def test_int4_awq_fp8_lm_head_matches_modelopt_fake_quant(quantized):
+    """INT4 AWQ with --quant-lm-head: ModelOpt smooths the lm_head too (x * pre_quant_scale
+    before its FP8 input quantizer); ingot folds that scale into the final norm's weight, and
+    the norm then the FP8 lm_head reproduce ModelOpt's fake-quant norm + lm_head."""
+    from ingot.compiler.convert import build_plan, read_hf_config
+    from ingot.compiler.hf_config import model_config_from_hf
+    from ingot.compiler.quantize import calibrate, export
+    from ingot.plugins.norm.reference import rms_norm
+
+    cfg = model_config_from_hf(read_hf_config(quantized["hf"]), "auto")
+    opts = QuantOptions("int4_awq", calib_size=2, calib_max_seq_len=64, device="cpu", lm_head=True)
+    model, tok = calibrate.load_hf_model(quantized["hf"], "cpu", cfg)
+    samples = calibrate.token_windows(tok, calibrate.calibration_text(None), 2, 64)
+    calibrate.calibrate(model, opts, samples, lambda *a: None)
+    norm = model.get_submodule("model.norm").weight.detach().clone()
+    pqs = model.lm_head.input_quantizer.pre_quant_scale
+    assert pqs is not None and not torch.allclose(pqs, torch.ones_like(pqs))
+    out = export.export_tensors(
+        model,
+        cfg,
+        opts.quant_config(),
+        {"final_norm.weight": norm},
+        build_plan(cfg),
+        lambda *a: None,
+    )
+    h = torch.randn(5, SIZES["hidden_size"]) * 3
+    with torch.no_grad():
+        ref = model.lm_head(model.get_submodule("model.norm")(h))
+    w, ws, xs = out["lm_head.weight"], out["lm_head.weight_scale"], out["lm_head.input_scale"]
+    assert w.dtype == torch.float8_e4m3fn
+    eps = cfg.rms_norm_eps
+    ours = fp8_linear(rms_norm(h, out["final_norm.weight"], eps), w, ws, xs)
+    unfolded = fp8_linear(rms_norm(h, norm, eps), w, ws, xs)
+
+    def err(y):
+        return float((y - ref).norm() / ref.norm())
+
+    assert err(ours) < 1e-4 and err(unfolded) > 1e-2  # 1e-7 and 5e-2 when written
+
+
 def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path):
     """The FP8 engine's fused norm/SwiGLU quantization is the unfused path bit for bit: each
     fused op quantizes with the input scale of the GEMM it feeds."""

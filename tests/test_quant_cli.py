@@ -29,6 +29,7 @@ def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
         ("fp8", ("--quant", "fp8", "--kv-cache-dtype", "fp8")),
         ("int4_awq", ("--quant", "int4_awq")),
         ("fp8_lm_head", ("--quant", "fp8", "--quant-lm-head")),
+        ("int4_awq_lm_head", ("--quant", "int4_awq", "--quant-lm-head")),
     ):
         out[key] = root / key
         r = invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out[key], *args, *CALIB)
@@ -37,7 +38,7 @@ def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("key", ["fp8", "int4_awq", "fp8_lm_head"])
+@pytest.mark.parametrize("key", ["fp8", "int4_awq", "fp8_lm_head", "int4_awq_lm_head"])
 def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, key, tmp_path):
     mode = key.removesuffix("_lm_head")
     engine = tmp_path / "engine"
@@ -50,12 +51,13 @@ def test_quantized_checkpoint_builds_inspects_and_runs(ckpts, key, tmp_path):
     assert d["quant"]["mode"] == mode and "quant_report" in d["extra"]
     names = {p["name"] for p in d["plugins"]}
     gemm = {"fp8": "fp8_gemm", "int4_awq": "w4a16_gemm"}
-    assert gemm[mode] in names and not (set(gemm.values()) - {gemm[mode]}) & names
+    lm_head = key.endswith("_lm_head")  # an FP8 lm_head runs fp8_gemm in any mode
+    assert names & set(gemm.values()) == {gemm[mode]} | ({"fp8_gemm"} if lm_head else set())
     r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
     assert f"quantization  {mode}" in r.stdout and "top-1 agreement" in r.stdout
-    assert d["quant"]["lm_head"] == (key == "fp8_lm_head")
-    assert ("lm_head FP8 too" in r.stdout) == (key == "fp8_lm_head")
+    assert d["quant"]["lm_head"] == lm_head
+    assert ("lm_head FP8 too" in r.stdout) == lm_head
     r = invoke(
         "run-engine", "--engine-dir", engine, "--input-text", "The ferry left",
         "--input-text", "Bread asks for", "--max-output-len", "6",
@@ -102,7 +104,7 @@ def test_fp8_engine_for_a_gpu_without_fp8_is_refused(ckpts, tmp_path):
 
 def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
-    for key in ("fp8", "int4_awq", "fp8_lm_head"):
+    for key in ("fp8", "int4_awq", "fp8_lm_head", "int4_awq_lm_head"):
         mode = key.removesuffix("_lm_head")
         out = tmp_path / key
         r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir", out,
@@ -125,10 +127,9 @@ def test_unknown_quant(hf, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("quant", ["int4_awq", "none"])
-def test_quant_lm_head_needs_fp8(hf, tmp_path, quant):
-    r = _convert(hf, tmp_path / "o", "--quant", quant, "--quant-lm-head", *CALIB)
-    assert_one_line_error(r, "--quant-lm-head needs --quant fp8", f"--quant {quant}")
+def test_quant_lm_head_needs_a_quant_mode(hf, tmp_path):
+    r = _convert(hf, tmp_path / "o", "--quant-lm-head", *CALIB)
+    assert_one_line_error(r, "--quant-lm-head needs --quant fp8 or int4_awq", "--quant none")
     assert not (tmp_path / "o").exists()
 
 

@@ -84,10 +84,10 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
         raise ConfigError(f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}", "use auto or fp8")
     if opts.device not in DEVICES:
         raise ConfigError(f"unknown --device {opts.device!r}", "use auto, cpu or cuda")
-    if opts.lm_head and opts.mode != "fp8":
+    if opts.lm_head and opts.mode not in ("fp8", "int4_awq"):
         raise ConfigError(
-            f"--quant-lm-head needs --quant fp8 (got --quant {opts.mode})",
-            "add --quant fp8, or leave --quant-lm-head out",
+            f"--quant-lm-head needs --quant fp8 or int4_awq (got --quant {opts.mode})",
+            "add --quant fp8 or --quant int4_awq, or leave --quant-lm-head out",
         )
     if not opts.active:
         if opts.calib_dataset is not None:
@@ -113,13 +113,16 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
     _check_calib_file(opts.calib_dataset)
     device = resolve_device(opts.device)
     cap = cuda_capability()
-    if opts.mode == "fp8" and device == "cuda" and (cap is None or cap < FP8_MIN_CAPABILITY):
+    fp8 = opts.mode == "fp8" or opts.lm_head
+    if fp8 and device == "cuda" and (cap is None or cap < FP8_MIN_CAPABILITY):
         found = (
             "this machine has no CUDA GPU" if cap is None else f"this GPU is sm_{cap[0]}{cap[1]}"
         )
+        what = "FP8" if opts.mode == "fp8" else "an FP8 lm_head (--quant-lm-head)"
         raise ConfigError(
-            f"FP8 needs a GPU with compute capability 8.9 or newer (Ada, Hopper); {found}",
-            "use --quant int4_awq or --quant none, or --device cpu to calibrate on the CPU",
+            f"{what} needs a GPU with compute capability 8.9 or newer (Ada, Hopper); {found}",
+            "use --quant int4_awq (without --quant-lm-head) or --quant none, or --device cpu "
+            "to calibrate on the CPU",
         )
     if device == "cuda" and cap is None:
         raise ConfigError(

@@ -41,19 +41,36 @@ def _linear(
     model: Any, sources: tuple[str, ...], quant: QuantConfig, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     mods = _modules(model, sources)
-    weights = [m.weight.detach().float().cpu() for _, m in mods]
     if quant.mode == "fp8":
-        return fp8_linear_tensors(
-            weights,
-            [float(_amax(m.weight_quantizer, f"{n} weight")) for n, m in mods],
-            [float(_amax(m.input_quantizer, f"{n} input")) for n, m in mods],
-        )
+        return _fp8(mods)
+    weights = [m.weight.detach().float().cpu() for _, m in mods]
     pqs = []
     for _, m in mods:
         s = getattr(m.input_quantizer, "pre_quant_scale", None)
         pqs.append(None if s is None else s.detach().float().cpu())
     amax = [_amax(m.weight_quantizer, f"{n} weight") for n, m in mods]
     return int4_linear_tensors(weights, pqs, amax, quant.group_size, dtype)
+
+
+def _fp8(mods: list[tuple[str, Any]]) -> dict[str, torch.Tensor]:
+    return fp8_linear_tensors(
+        [m.weight.detach().float().cpu() for _, m in mods],
+        [float(_amax(m.weight_quantizer, f"{n} weight")) for n, m in mods],
+        [float(_amax(m.input_quantizer, f"{n} input")) for n, m in mods],
+    )
+
+
+def _fp8_lm_head(model: Any, out: dict[str, torch.Tensor]) -> None:
+    """The FP8 lm_head (a tied one gets its own copy; the embedding stays as it was). In an
+    INT4 AWQ run ModelOpt smooths it too (x * pre_quant_scale before its input quantizer): the
+    final norm, its only reader, takes the scale into its weight."""
+    mods = _modules(model, ("lm_head.weight",))
+    for key, t in _fp8(mods).items():
+        out["lm_head." + key] = t
+    pqs = getattr(mods[0][1].input_quantizer, "pre_quant_scale", None)
+    if pqs is not None:
+        w = out["final_norm.weight"]
+        out["final_norm.weight"] = (w.float() * pqs.detach().float().cpu()).to(w.dtype)
 
 
 def export_tensors(
@@ -79,8 +96,7 @@ def export_tensors(
             a = attn[i]
             out[f"layers.{i}.attn.k_scale"] = scale_of(float(_amax(a.k_bmm_quantizer, "K")))
             out[f"layers.{i}.attn.v_scale"] = scale_of(float(_amax(a.v_bmm_quantizer, "V")))
-    if quant.lm_head:  # a tied lm_head gets its own FP8 copy; the embedding stays as it was
-        for key, t in _linear(model, ("lm_head.weight",), quant, dtype).items():
-            out["lm_head." + key] = t
+    if quant.lm_head:
+        _fp8_lm_head(model, out)
     progress("quantizing", cfg.num_layers, cfg.num_layers)
     return out

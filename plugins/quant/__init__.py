@@ -10,7 +10,10 @@ GEMM_PLUGIN_OF_MODE = {"fp8": "fp8_gemm", "int4_awq": "w4a16_gemm"}
 FP8_FUSED_PLUGINS = ("rms_norm_quant_fp8", "swiglu_quant_fp8", "fp8_swiglu_gemm")
 
 
-def unused_plugins(mode: str) -> set[str]:
-    """Quantized plugins an engine of quantization `mode` does not run."""
-    unused = {p for m, p in GEMM_PLUGIN_OF_MODE.items() if m != mode}
+def unused_plugins(mode: str, lm_head: bool = False) -> set[str]:
+    """Quantized plugins an engine of quantization `mode` does not run (`lm_head`: its lm_head
+    is FP8, so fp8_gemm runs whatever the mode)."""
+    unused = {
+        p for m, p in GEMM_PLUGIN_OF_MODE.items() if m != mode and not (lm_head and m == "fp8")
+    }
     return unused | (set() if mode == "fp8" else set(FP8_FUSED_PLUGINS))
