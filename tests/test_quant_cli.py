@@ -95,10 +95,11 @@ def test_max_kl_without_a_report(hf, tmp_path):
     assert not (tmp_path / "e").exists()
 
 
-def test_fp8_engine_for_a_gpu_without_fp8_is_refused(ckpts, tmp_path):
-    r = invoke("build-engine", "--checkpoint-dir", ckpts["fp8"], "--output-dir",
+@pytest.mark.parametrize("key", ["fp8", "int4_awq_lm_head"])
+def test_fp8_engine_for_a_gpu_without_fp8_is_refused(ckpts, tmp_path, key):
+    r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir",
                 tmp_path / "e", "--target", "sm_80")  # fmt: skip
-    assert_one_line_error(r, "SM >= 89")
+    assert_one_line_error(r, "SM >= 89", "FP8 weights")
     assert not (tmp_path / "e").exists()
 
 
@@ -151,11 +152,13 @@ def test_bad_calibration_file(hf, tmp_path, kind):
 
 
 @pytest.mark.parametrize("capability", [(8, 6), None])
-def test_fp8_on_a_gpu_without_fp8(hf, tmp_path, monkeypatch, capability):
+@pytest.mark.parametrize("quant", [("fp8",), ("int4_awq", "--quant-lm-head")])
+def test_fp8_on_a_gpu_without_fp8(hf, tmp_path, monkeypatch, capability, quant):
     import ingot.compiler.quantize as quantize
 
     monkeypatch.setattr(quantize, "cuda_capability", lambda: capability)
-    r = _convert(hf, tmp_path / "o", "--quant", "fp8", "--device", "cuda")
-    needles = ("FP8", "8.9", "int4_awq", "none", "sm_86" if capability else "no CUDA GPU")
+    r = _convert(hf, tmp_path / "o", "--quant", *quant, "--device", "cuda")
+    what = "FP8" if quant == ("fp8",) else "an FP8 lm_head (--quant-lm-head)"
+    needles = (what, "8.9", "int4_awq", "none", "sm_86" if capability else "no CUDA GPU")
     assert_one_line_error(r, *needles)
     assert not (tmp_path / "o").exists()
