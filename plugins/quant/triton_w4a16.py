@@ -59,6 +59,10 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(128, 128, 4, 8, 3, 2),
     _dec(32, 64, 4, 4, 4, 4),
     _dec(64, 64, 4, 4, 4, 4),
+    # no split-K: no fp32 partials and no reduce kernel after each of a decode step's 128
+    # W4A16 GEMMs, at the price of fewer, narrower programs (timing decides)
+    _dec(16, 128, 1, 4, 3, 2),
+    _dec(32, 128, 1, 4, 3, 1),
 )
 GEMM_TACTICS: tuple[Tactic, ...] = (
     _mm(64, 128, 64, 4, 3),
