@@ -256,6 +256,8 @@ def timed_choices(
         "fp8_gemm": shapes.fp8_gemm,
         "w4a16_gemm": lambda n, k, b: shapes.w4a16_gemm(n, k, b, group_size),
     }
+    # the one GEMM plugin the lm_head runs: only that one is timed at its site
+    lm_head_gemm = "fp8_gemm" if quant_lm_head else "gemm"
     for spec in specs_for("cuda"):
         if spec.name in skip:
             continue
@@ -265,12 +267,8 @@ def timed_choices(
             name, make = spec.name, site_inputs[spec.name]
             jobs.append((name, lambda n=name: _choice(n, get_spec(n).default_tactic("cuda"))))
             for site, (n, k, bias) in gemm_sites(model).items():
-                if (
-                    name != "gemm"
-                    and site == "lm_head"
-                    and not (name == "fp8_gemm" and quant_lm_head)
-                ):
-                    continue  # the lm_head stays unquantized unless asked for
+                if site == "lm_head" and name != lm_head_gemm:
+                    continue
                 jobs.append(
                     (
                         f"{name}@{site}",

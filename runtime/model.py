@@ -117,11 +117,12 @@ class Decoder:
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
         self.sin = weights["rope.sin"]
-        self._lm_head = ops.at("gemm", "lm_head")
         if quant.lm_head:  # FP8 lm_head: the final norm's output is quantized inside the GEMM
             fp8 = ops.at("fp8_gemm", "lm_head")
             ws, xs = weights["lm_head.weight_scale"], weights["lm_head.input_scale"]
             self._lm_head = lambda x, w: fp8(x, w, ws, xs, None, out_dtype=dtype)
+        else:
+            self._lm_head = ops.at("gemm", "lm_head")
 
     def _attention(
         self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
