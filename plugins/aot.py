@@ -29,6 +29,7 @@ from typing import Any
 
 import triton
 
+from .aot_source import source_key
 from .aot_specs import (  # noqa: F401  (re-exported: the AOT API is used as `aot.X`)
     _REBUILD,
     AOTBundleError,
@@ -137,7 +138,7 @@ def compile_bundle(
         by_name = {Path(p).name: Path(p) for p in kernel.metadata_group.values()}
         kept = [n for n in sorted(by_name) if n.endswith(_KEEP_EXT)]
         entries.append({
-            "name": kernel.name, "fn_key": fn.cache_key, "hash": kernel.hash,
+            "name": kernel.name, "fn_key": source_key(fn), "hash": kernel.hash,
             "options": _options_for_check(options), "spec": spec.to_json(),
             "signature": src.signature, "files": [_add(files, by_name[n].read_bytes(), n) for n in kept],
         })  # fmt: skip
@@ -300,7 +301,7 @@ def install_bundle(
         for entry in manifest["kernels"]:
             spec = KernelSpec.from_json(entry["spec"])
             fn, src, options = _replay(spec, backend)
-            if fn.cache_key != entry["fn_key"]:
+            if source_key(fn) != entry["fn_key"]:
                 raise AOTBundleError(
                     f"engine kernel {spec.fn} differs from this ingot's source", _REBUILD
                 )

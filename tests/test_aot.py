@@ -207,6 +207,50 @@ def test_refuses_changed_kernel_source_and_corrupt_files(blob: bytes, tmp_path: 
         aot.install_bundle(bytes(bad), tmp_path / "b", target="sm_90")
 
 
+_INSTALL_AFTER = """
+import sys
+from ingot.plugins import aot, pdl
+from ingot.plugins.quant import triton_quantize
+if sys.argv[2] == "callee_first":
+    pdl.pdl_begin.cache_key  # what launching any other PDL-capable kernel first does
+aot.install_bundle(open(sys.argv[1], "rb").read(), sys.argv[3], target="sm_90")
+"""
+
+
+def test_source_check_does_not_depend_on_what_the_process_hashed_first(tmp_path: Path) -> None:
+    """Triton's own cache_key of `_rms_norm_quant_kernel` differs by whether `pdl_begin` was hashed
+    before it; an FP8 engine built on the H200 was refused at load for that. Both orders load."""
+    from ingot.plugins.quant import triton_quantize as tq
+
+    bf16 = aot.tensor(torch.bfloat16)
+    spec = aot.KernelSpec.of(
+        tq._rms_norm_quant_kernel, bf16, bf16, bf16, aot.tensor(torch.float32),
+        aot.tensor(torch.float8_e4m3fn), bf16, 4096, 4096, 4096, 4096, 4096, 1e-5,
+        HAS_RES=True, BLOCK_D=4096, num_warps=4,
+    )  # fmt: skip
+    with aot.use_cache_dir(tmp_path / "build-cache"):
+        (tmp_path / "bundle").write_bytes(aot.compile_bundle([spec], "sm_90"))
+    for order in ("kernel_first", "callee_first"):
+        cmd = [sys.executable, "-c", _INSTALL_AFTER, str(tmp_path / "bundle"), order,
+               str(tmp_path / order)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{order}: {proc.stderr[-2000:]}"
+
+
+def test_source_key_covers_called_jit_functions() -> None:
+    from ingot.plugins.aot_source import source_key
+    from ingot.plugins.quant import triton_quantize as tq
+
+    callee, before = tq.fp8_e4m3_rne, tq.fp8_e4m3_rne.src
+    key = source_key(tq._rms_norm_quant_kernel)
+    try:
+        callee._unsafe_update_src(before.replace("return tl.where", "return 0 + tl.where"))
+        assert source_key(tq._rms_norm_quant_kernel) != key
+    finally:
+        callee._unsafe_update_src(before)
+    assert source_key(tq._rms_norm_quant_kernel) == key
+
+
 def test_bad_target_names() -> None:
     with pytest.raises(aot.AOTBundleError, match="unknown kernel target"):
         aot.parse_target("hopper")
