@@ -9,6 +9,7 @@
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
+#   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 #   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
@@ -57,6 +58,10 @@ for stage in "${@:-tests}"; do
         ${BENCH_ARGS---pdl-too} \
         > "$OUT/bench_engine.log" 2>&1 || rc=1
       tail -45 "$OUT/bench_engine.log" ;;
+    batch)
+      timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
+        > "$OUT/batch_decode.log" 2>&1 || rc=1
+      tail -8 "$OUT/batch_decode.log" ;;
     l2)
       timeout 200 python3 scripts/bench_l2_prefetch.py --out "$OUT/l2_prefetch.json" \
         > "$OUT/l2_prefetch.log" 2>&1 || rc=1
@@ -72,7 +77,7 @@ for stage in "${@:-tests}"; do
       cp /tmp/ingot-quant-out/summary.json "$OUT/quant_summary.json" 2>/dev/null
       tar czf "$OUT/quant_results.tgz" -C /tmp/ingot-quant-out . 2>/dev/null
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|batch|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc

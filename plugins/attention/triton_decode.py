@@ -137,6 +137,8 @@ def _decode_kernel(
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
+            scale_log2 = scale_log2 * tl.load(ks_ptr)
         for n0 in range(lo, end, BLOCK_N):
             t = n0 + tl.arange(0, BLOCK_N)
             tv = t < end
@@ -145,11 +147,11 @@ def _decode_kernel(
             blk = tl.load(bt_row + t // BS, mask=t < end, other=0).to(tl.int64)
             off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
             kv_mask = tv[:, None] & dm[None, :]
+            # an FP8 cache's K/V convert exactly to q's dtype; the scales are applied outside
+            # the loop (converting each element to fp32 and scaling it made the FP8 cache read
+            # 36% of the bandwidth on the H200 at batch 128, against 90% for a BF16 cache)
             k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8:  # FP8 KV cache: dequantize on load
-                k = k.to(tl.float32) * tl.load(ks_ptr)
-                v = v.to(tl.float32) * tl.load(vs_ptr)
             # NOTE: float32 engines must not round to TF32 (they are checked token for token).
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -166,6 +168,8 @@ def _decode_kernel(
                 pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+        if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
+            acc = acc * tl.load(vs_ptr)
         if SPLIT:
             # partials: po [B, Hq, NUM_SPLITS, D_PAD] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
             row = (b * (G * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + sp

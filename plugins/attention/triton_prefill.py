@@ -66,8 +66,6 @@ def _attend(
     qpos,
     kc_ptr,
     vc_ptr,
-    ks_ptr,
-    vs_ptr,
     bt_row,
     kvh,
     d,
@@ -81,7 +79,6 @@ def _attend(
     MASKED: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
-    KV_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """One BLOCK_N tile of keys into the online softmax. MASKED=False: every key of the tile
@@ -91,9 +88,8 @@ def _attend(
     blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
     off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
     kv_mask = tv[:, None] & dm[None, :]
+    # an FP8 cache's K/V convert exactly to q's dtype; their scales are applied outside the loop
     k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    if KV_FP8:  # FP8 KV cache: dequantize on load
-        k = k.to(tl.float32) * tl.load(ks_ptr)
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -109,8 +105,6 @@ def _attend(
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    if KV_FP8:
-        v = v.to(tl.float32) * tl.load(vs_ptr)
     if IEEE:
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
     else:
@@ -189,6 +183,8 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
+            scale_log2 = scale_log2 * tl.load(ks_ptr)
         lo = 0
         if USE_WINDOW:
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
@@ -197,17 +193,19 @@ def _prefill_kernel(
             full = (first + 1) // BLOCK_N * BLOCK_N
             for n0 in range(0, full, BLOCK_N):
                 acc, m_i, l_i = _attend(
-                    q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row,
+                    q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                     kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                    False, USE_WINDOW, IEEE, KV_FP8, BLOCK_N,
+                    False, USE_WINDOW, IEEE, BLOCK_N,
                 )  # fmt: skip
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _attend(
-                q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row,
+                q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                 kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                True, USE_WINDOW, IEEE, KV_FP8, BLOCK_N,
+                True, USE_WINDOW, IEEE, BLOCK_N,
             )  # fmt: skip
+        if KV_FP8:  # sum p (v * vs) == vs * sum p v
+            acc = acc * tl.load(vs_ptr)
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_i[:, None]
         tl.store(

@@ -1,0 +1,126 @@
+"""Where a large-batch decode step's time goes (the FP8 throughput points of the quantization
+issue): decode attention at the batch and context of each point, BF16 and FP8 KV cache, every
+tactic; the layer GEMMs at that batch (FP8 through cuBLASLt with and without the quantize
+kernel, BF16 through torch); and their sum per step beside the bytes the step must read.
+
+    python3 scripts/bench_batch_decode.py --out batch_decode.json
+
+Shapes: Llama-3.1-8B. Points: (batch 128, context 3072) is the middle of 2048/2048 at 128
+requests; (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_kernels import (  # noqa: E402
+    BF16,
+    BS,
+    DEV,
+    HD,
+    HKV,
+    HQ,
+    INTER,
+    LAYERS,
+    VOCAB,
+    D,
+    fixed,
+    measure_copy_bw,
+    paged,
+    record,
+)
+
+from ingot.plugins.attention import triton_decode as dec  # noqa: E402
+from ingot.plugins.quant import cuda_fp8  # noqa: E402
+from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
+
+POINTS = ((128, 3072), (128, 2112), (512, 192))
+LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
+               "down": (D, INTER)}  # fmt: skip
+
+
+def attention(rows, bw, B, ctx, kv_fp8, reps):
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B)
+    kw = {"max_context_len": bt.shape[1] * BS}  # as the engine's graphs: the table's width
+    elem = 2
+    if kv_fp8:
+        kc, vc, elem = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 1
+        one = torch.ones((), device=DEV, dtype=torch.float32)
+        kw |= {"k_scale": one, "v_scale": one}
+    t = time_tactics("paged_attention", dec.DECODE_TACTICS,
+                     fixed((q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD)), kw), reps,
+                     factory=dec.make_decode_attention)  # fmt: skip
+    nbytes = B * ctx * HKV * HD * 2 * elem
+    kv = "fp8" if kv_fp8 else "bf16"
+    record(rows, f"decode_attention_{kv}kv", f"B={B} ctx={ctx}", t, nbytes, bw=bw)
+    return t[0][1]
+
+
+def gemms(rows, bw, M, reps):
+    """ms per call of each layer GEMM and the lm_head at M rows: FP8 (quantize + cuBLASLt, and
+    cuBLASLt alone on an already-quantized x) and BF16 (torch)."""
+    out = {}
+    s = torch.ones((), device=DEV, dtype=torch.float32)
+    fp8 = cuda_fp8.make_fp8_linear(cuda_fp8.FP8_GEMM_TACTICS[0])
+    for name, (N, K) in {**LAYER_GEMMS, "lm_head": (VOCAB, D)}.items():
+        w = torch.randn(N, K, device=DEV, dtype=BF16)
+        x = torch.randn(M, K, device=DEV, dtype=BF16)
+        wq, xq = w.to(torch.float8_e4m3fn), x.to(torch.float8_e4m3fn)
+        calls = {
+            "fp8_quantize_cublaslt": lambda x=x, wq=wq: fp8(x, wq, s, s),
+            "fp8_cublaslt": lambda xq=xq, wq=wq: fp8(xq, wq, s, s, out_dtype=BF16),
+            "bf16_torch": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+        }
+        for how, fn in calls.items():
+            ms = _median_ms(fn, reps)
+            nbytes = N * K * (1 if how.startswith("fp8") else 2) + M * (K + N) * 2
+            rows.append({"kernel": f"gemm_{how}", "shape": f"{name} M={M} N={N} K={K}", "ms": ms,
+                         "bytes": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9,
+                         "TFLOPs": 2 * M * N * K / (ms * 1e-3) / 1e12})  # fmt: skip
+            out[(name, how)] = ms
+            print(f"gemm {how:22s} {name:8s} M={M:4d}: {ms * 1e3:8.1f} us "
+                  f"{nbytes / (ms * 1e-3) / bw * 100:5.1f}% bw "
+                  f"{2 * M * N * K / (ms * 1e-3) / 1e12:6.0f} TFLOP/s")  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("batch_decode.json"))
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    bw = measure_copy_bw()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    rows, points = [], []
+    gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({b for b, _ in POINTS})}
+    for B, ctx in POINTS:
+        attn = {kv: attention(rows, bw, B, ctx, kv == "fp8", args.reps) for kv in ("bf16", "fp8")}
+        g = gemm_ms[B]
+        layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)
+        step_ms = LAYERS * (layer_fp8 + attn["fp8"]) + g[("lm_head", "bf16_torch")]
+        kv_bytes = B * ctx * HKV * HD * 2 * LAYERS  # fp8 cache
+        w_bytes = LAYERS * sum(n * k for n, k in LAYER_GEMMS.values()) + VOCAB * D * 2
+        points.append({
+            "batch": B, "context": ctx, "attention_ms": attn, "fp8_layer_gemms_ms": layer_fp8,
+            "fp8_step_gemms_plus_attention_ms": step_ms, "bytes_per_step": kv_bytes + w_bytes,
+            "bandwidth_floor_ms": (kv_bytes + w_bytes) / bw * 1e3,
+            "tok_s_at_that_step": B / (step_ms * 1e-3),
+        })  # fmt: skip
+        print(f"B={B} ctx={ctx}: attention fp8-KV {attn['fp8'] * 1e3:.0f} us/layer, FP8 GEMMs "
+              f"{layer_fp8 * 1e3:.0f} us/layer; step {step_ms:.2f} ms (floor "
+              f"{points[-1]['bandwidth_floor_ms']:.2f} ms) -> {B / (step_ms * 1e-3):.0f} tok/s")  # fmt: skip
+    doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw,
+           "points": points, "rows": rows}  # fmt: skip
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
