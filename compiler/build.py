@@ -119,8 +119,14 @@ def select_plugins(
     if tactics == "auto" and can_time_on(target):
         return tuple(
             timed_choices(
-                model, build, progress, frozenset(unused), quant.group_size, quant.lm_head
-            )
+                model,
+                build,
+                progress,
+                frozenset(unused),
+                quant.group_size,
+                quant.lm_head,
+                kv_fp8=quant.kv_cache_dtype == "fp8",
+            )  # fmt: skip
         )
     return tuple(c for c in default_choices(target, model) if c.name not in unused)
 

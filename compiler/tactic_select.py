@@ -78,27 +78,46 @@ class _Shapes:
     def t(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.randn(*shape, dtype=dtype or self.dt, device=self.dev)
 
-    def attention(self, n_q: int, ctx: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """One sequence: n_q queries (1: the decode kernel's inputs, else the prefill
-        kernel's) ending a context of ctx tokens."""
+    def _paged(self, batch: int, n_q: int, ctx: int, kv_fp8: bool = False):
+        """`batch` sequences of ctx tokens whose last n_q are queried, in a paged cache of the
+        engine's block size (FP8 with unit scales if kv_fp8): paged_attention's args and the
+        scale kwargs."""
         m, bs = self.m, self.b.tokens_per_block
         blocks = -(-ctx // bs)
-        kc = self.t(blocks + 1, bs, m.num_kv_heads, m.head_dim)
-        vc = self.t(blocks + 1, bs, m.num_kv_heads, m.head_dim)
+        shape = (batch * blocks + 1, bs, m.num_kv_heads, m.head_dim)
+        kc, vc = self.t(*shape), self.t(*shape)
+        kw: dict[str, Any] = {}
+        if kv_fp8:
+            kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+            one = torch.ones((), dtype=torch.float32, device=self.dev)
+            kw = {"k_scale": one, "v_scale": one}
         width = -(-self.b.max_seq_len // bs)
-        tables = torch.zeros(1, width, dtype=torch.int32, device=self.dev)
-        tables[0, :blocks] = torch.randperm(blocks, device=self.dev).int()
+        tables = torch.zeros(batch, width, dtype=torch.int32, device=self.dev)
+        perm = torch.randperm(batch * blocks, device=self.dev).int()
+        tables[:, :blocks] = perm.view(batch, blocks)
         i32 = dict(dtype=torch.int32, device=self.dev)
         args = (
-            self.t(n_q, m.num_heads, m.head_dim),
+            self.t(batch * n_q, m.num_heads, m.head_dim),
             kc,
             vc,
             tables,
-            torch.tensor([ctx], **i32),
-            torch.tensor([0, n_q], **i32),
+            torch.full((batch,), ctx, **i32),
+            torch.arange(batch + 1, **i32) * n_q,
             m.head_dim**-0.5,
             m.sliding_window,
         )
+        return args, kw
+
+    def decode_batch(self, batch: int, ctx: int, kv_fp8: bool) -> tuple[tuple[Any, ...], dict]:
+        """`batch` sequences of ctx tokens, one query each (the decode kernel's inputs), with
+        the engine's KV cache dtype."""
+        args, kw = self._paged(batch, 1, ctx, kv_fp8)
+        return args, kw | {"max_context_len": self.b.max_seq_len}
+
+    def attention(self, n_q: int, ctx: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """One sequence: n_q queries (1: the decode kernel's inputs, else the prefill
+        kernel's) ending a context of ctx tokens."""
+        args, _ = self._paged(1, n_q, ctx)
         # NOTE: each kernel takes only its own bound (a stray kwarg made every candidate fail)
         if n_q == 1:
             return args, {"max_context_len": self.b.max_seq_len}
@@ -197,12 +216,15 @@ def timed_choices(
     skip: frozenset[str] = frozenset(),
     group_size: int = 128,
     quant_lm_head: bool = False,
+    kv_fp8: bool = False,
 ) -> list[PluginChoice]:
     """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs,
     plain and quantized). skip: plugins the engine does not run (not timed, not returned).
-    group_size: the INT4 quantization group of a w4a16_gemm engine."""
+    group_size: the INT4 quantization group of a w4a16_gemm engine. kv_fp8: the engine's KV
+    cache is FP8 (large-batch decode attention is timed with one)."""
     from ingot.plugins.attention.triton_decode import (
         DECODE_TACTICS,
+        LARGE_BATCH_ROWS,
         combine_tactics,
         make_decode_attention,
     )
@@ -244,7 +266,24 @@ def timed_choices(
             lambda: shapes.attention(n_pf, n_pf),
             make_prefill_attention,
         )
-        return _choice("paged_attention", combine_tactics(dec, pf), None, r1 + r2)
+        large, r3 = large_batch_decode()
+        return _choice("paged_attention", combine_tactics(dec, pf, large), None, r1 + r2 + r3)
+
+    def large_batch_decode() -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
+        """The decode tactic of steps with >= LARGE_BATCH_ROWS sequences x kv heads, timed
+        at such a batch with the engine's KV cache dtype; None if the engine never runs one."""
+        batch = min(build.max_batch_size, 128)
+        if batch * model.num_kv_heads < LARGE_BATCH_ROWS:
+            return None, []
+        batch = max(batch, -(-LARGE_BATCH_ROWS // model.num_kv_heads))
+        ctx = min(1024, build.max_seq_len)
+        res = time_tactics(
+            "paged_attention",
+            DECODE_TACTICS,
+            lambda: shapes.decode_batch(batch, ctx, kv_fp8),
+            factory=make_decode_attention,
+        )
+        return res[0][0], [(Tactic(f"{t.name}@b{batch}_ctx{ctx}", t.params), ms) for t, ms in res]
 
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
         cands = get_spec(name).candidates("cuda")

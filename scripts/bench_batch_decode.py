@@ -22,7 +22,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_kernels import (  # noqa: E402
     BF16,
-    BS,
     DEV,
     HD,
     HKV,
@@ -42,19 +41,20 @@ from ingot.plugins.quant import cuda_fp8  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072), (128, 2112), (512, 192))
+ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
 
 
-def attention(rows, bw, B, ctx, kv_fp8, reps):
-    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B)
-    kw = {"max_context_len": bt.shape[1] * BS}  # as the engine's graphs: the table's width
+def attention(rows, bw, B, ctx, kv_fp8, reps, tactics=dec.DECODE_TACTICS):
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
+    kw = {"max_context_len": bt.shape[1] * ENGINE_BS}  # as the engine's graphs: the table's width
     elem = 2
     if kv_fp8:
         kc, vc, elem = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 1
         one = torch.ones((), device=DEV, dtype=torch.float32)
         kw |= {"k_scale": one, "v_scale": one}
-    t = time_tactics("paged_attention", dec.DECODE_TACTICS,
+    t = time_tactics("paged_attention", tactics,
                      fixed((q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD)), kw), reps,
                      factory=dec.make_decode_attention)  # fmt: skip
     nbytes = B * ctx * HKV * HD * 2 * elem

@@ -52,12 +52,12 @@ def measure_copy_bw() -> float:
     return 2 * a.numel() * 2 * 10 / (s.elapsed_time(e) * 1e-3)
 
 
-def paged(ctxs, qlens):
+def paged(ctxs, qlens, bs=BS):
     B = len(ctxs)
-    width = max(math.ceil(c / BS) for c in ctxs)
+    width = max(math.ceil(c / bs) for c in ctxs)
     nb = B * width
-    kc = torch.randn(nb, BS, HKV, HD, device=DEV, dtype=BF16)
-    vc = torch.randn(nb, BS, HKV, HD, device=DEV, dtype=BF16)
+    kc = torch.randn(nb, bs, HKV, HD, device=DEV, dtype=BF16)
+    vc = torch.randn(nb, bs, HKV, HD, device=DEV, dtype=BF16)
     bt = torch.randperm(nb, device=DEV).int().view(B, width)
     q = torch.randn(sum(qlens), HQ, HD, device=DEV, dtype=BF16)
     qsl = torch.zeros(B + 1, dtype=torch.int32, device=DEV)

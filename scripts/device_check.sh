@@ -9,6 +9,7 @@
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
+#   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json)               ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
@@ -51,6 +52,10 @@ for stage in "${@:-tests}"; do
       timeout 200 python3 scripts/bench_gemv.py --out "$OUT/bench_gemv.json" \
         > "$OUT/bench_gemv.log" 2>&1 || rc=1
       tail -5 "$OUT/bench_kernels.log" "$OUT/bench_gemv.log" ;;
+    w4)
+      timeout 150 python3 scripts/bench_w4a16.py --out "$OUT/bench_w4a16.json" \
+        > "$OUT/bench_w4a16.log" 2>&1 || rc=1
+      tail -6 "$OUT/bench_w4a16.log" ;;
     bench)
       # BENCH_ARGS: extra flags (default: also measure the engine built with --pdl)
       timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
@@ -77,7 +82,7 @@ for stage in "${@:-tests}"; do
       cp /tmp/ingot-quant-out/summary.json "$OUT/quant_summary.json" 2>/dev/null
       tar czf "$OUT/quant_results.tgz" -C /tmp/ingot-quant-out . 2>/dev/null
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|batch|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|batch|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc

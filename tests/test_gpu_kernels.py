@@ -368,3 +368,16 @@ def test_paged_attention_tactics(tactic):
     fn = dec.make_paged_attention(tactic)
     check_attention(fn, [2100, 5], [1, 1], 32, 8, 128, 16, max_query_len=1)
     check_attention(fn, [300, 5], [200, 5], 32, 8, 128, 16, max_query_len=200)
+
+
+@pytest.mark.parametrize("bs", [16, 32])
+def test_paged_attention_large_batch_decode(bs):
+    """40 sequences x 8 kv heads >= LARGE_BATCH_ROWS: the large-batch decode tactic runs."""
+    torch.manual_seed(3)
+    ctxs = torch.randint(1, 900, (40,)).tolist()
+    assert 40 * 8 >= dec.LARGE_BATCH_ROWS
+    for large in dec.DECODE_TACTICS[-2:]:
+        tactic = dec.combine_tactics(dec.DECODE_TACTICS[0], pf.PREFILL_TACTICS[0], large)
+        fn = dec.make_paged_attention(tactic)
+        check_attention(fn, ctxs, [1] * 40, 32, 8, 128, bs, max_query_len=1)
+        check_attention(fn, ctxs, [1] * 40, 32, 8, 128, bs, 200, max_query_len=1)

@@ -218,12 +218,12 @@ HQ, HKV, HD, BS = 32, 8, 128, 16
 K_SCALE, V_SCALE = 6.0 / 448, 3.0 / 448
 
 
-def _fp8_cache(ctx: list[int], dtype=BF16):
+def _fp8_cache(ctx: list[int], dtype=BF16, bs=BS):
     B = len(ctx)
-    width = -(-max(ctx) // BS)
+    width = -(-max(ctx) // bs)
     nb = B * width + 3
     bt = torch.randperm(nb, device=DEV)[: B * width].reshape(B, width).int()
-    kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
+    kc = torch.zeros(nb, bs, HKV, HD, device=DEV, dtype=F8)
     vc = torch.zeros_like(kc)
     sc = {
         "k_scale": torch.tensor(K_SCALE, device=DEV),
@@ -231,7 +231,7 @@ def _fp8_cache(ctx: list[int], dtype=BF16):
     }
     for b in range(B):
         t = torch.arange(ctx[b], device=DEV)
-        slots = (bt[b, t // BS].long() * BS + t % BS).int()
+        slots = (bt[b, t // bs].long() * bs + t % bs).int()
         k = torch.randn(ctx[b], HKV, HD, device=DEV, dtype=dtype)
         v = torch.randn(ctx[b], HKV, HD, device=DEV, dtype=dtype)
         attn_ref.write_kv(k, v, kc, vc, slots, **sc)
@@ -277,10 +277,11 @@ def test_rope_write_kv_fp8_bit_exact_with_unfused():
 
 
 @needs_fp8
+@pytest.mark.parametrize("bs", [16, 64])  # tiles across blocks; tiles inside one block
 @pytest.mark.parametrize("tactic", dec.DECODE_TACTICS, ids=ids(dec.DECODE_TACTICS))
-def test_fp8_decode(tactic):
+def test_fp8_decode(tactic, bs):
     ctx = [1, 17, 300, 1100, 64]
-    kc, vc, bt, cl, sc = _fp8_cache(ctx)
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
     q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
     qsl = torch.arange(len(ctx) + 1, device=DEV).int()
     ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
@@ -290,10 +291,11 @@ def test_fp8_decode(tactic):
 
 
 @needs_fp8
+@pytest.mark.parametrize("bs", [16, 128])
 @pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
-def test_fp8_prefill(tactic):
+def test_fp8_prefill(tactic, bs):
     new, ctx = [300, 1, 77], [300, 40, 500]  # a prompt, a decode row, a chunk after a prefix
-    kc, vc, bt, cl, sc = _fp8_cache(ctx)
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
     qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
     q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
     ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
@@ -304,3 +306,25 @@ def test_fp8_prefill(tactic):
         q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **sc
     )
     assert rel_err(out2, ref) < FP8_TOL
+
+
+@needs_fp8
+def test_fp8_attention_queries_past_fp16_range():
+    """With an FP8 cache the dots run in fp16 on q / 16: a bf16 query past fp16's 65504 must
+    not overflow (unscaled, or scaled after the fp16 conversion, which LLVM once rewrote it
+    to, the scores turn inf and the output NaN)."""
+    ctx = [40, 300]
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=32)
+    q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
+    q[:, :, :4] *= 2e5 / 3
+    qsl = torch.arange(len(ctx) + 1, device=DEV).int()
+    # fp32 reference: bf16 rounds the dequantized K, too coarse for scores this large
+    ref = attn_ref.paged_attention(q.float(), kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    assert q.abs().max() > 65504 and torch.isfinite(ref).all()
+    for tactic in (dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4]):
+        out = torch.full_like(q, float("nan"))
+        dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **sc)
+        assert rel_err(out, ref) < FP8_TOL
+    out = torch.full_like(q, float("nan"))
+    pf.make_prefill_attention(None)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **sc)
+    assert rel_err(out, ref) < FP8_TOL

@@ -224,21 +224,21 @@ else:
 
     HQ, HKV, HD, BS, NB = 4, 2, 32, 16, 16
 
-    def _kv_batch(lens_new: list[int], ctx: list[int], dtype, fp8: bool):
+    def _kv_batch(lens_new: list[int], ctx: list[int], dtype, fp8: bool, bs: int = BS):
         """Caches filled through the reference write_kv (fp8 with scales, or plain)."""
         B = len(ctx)
         perm = torch.randperm(NB)
-        width = -(-max(ctx) // BS)
+        width = -(-max(ctx) // bs)
         assert B * width <= NB
         bt = perm[: B * width].reshape(B, width).int()
         cache_dtype = F8 if fp8 else dtype
-        kc = torch.zeros(NB, BS, HKV, HD, dtype=cache_dtype)
+        kc = torch.zeros(NB, bs, HKV, HD, dtype=cache_dtype)
         vc = torch.zeros_like(kc)
         k_scale, v_scale = torch.tensor(2.5 / 448), torch.tensor(1.7 / 448)
         scales = {"k_scale": k_scale, "v_scale": v_scale} if fp8 else {}
         for b in range(B):
             t = torch.arange(ctx[b])
-            slots = (bt[b, t // BS].long() * BS + t % BS).int()
+            slots = (bt[b, t // bs].long() * bs + t % bs).int()
             k, v = torch.randn(ctx[b], HKV, HD).to(dtype), torch.randn(ctx[b], HKV, HD).to(dtype)
             attn_ref.write_kv(k, v, kc, vc, slots, **scales)
         qsl = torch.tensor([0, *torch.tensor(lens_new).cumsum(0).tolist()]).int()
@@ -293,12 +293,15 @@ else:
     @pytest.mark.parametrize("fp8", [False, True])
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize(
-        "tactic", [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[3]], ids=lambda t: t.name
+        "tactic",
+        [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[3], dec.DECODE_TACTICS[-2]],
+        ids=lambda t: t.name,
     )
-    def test_decode_attention(fp8, dtype, tactic):
+    @pytest.mark.parametrize("bs", [BS, 64])  # key tiles across blocks; inside one block
+    def test_decode_attention(fp8, dtype, tactic, bs):
         torch.manual_seed(7)
         ctx = [5, 70, 33]
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, dtype, fp8)
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, dtype, fp8, bs)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
         out = torch.full_like(q, float("nan"))
         dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import torch
 from model_shapes import LLAMA_3_1_8B
 
 from ingot.compiler.tactic_select import _Shapes, pick_over_contexts
 from ingot.plugins import tactics
+from ingot.plugins.attention import triton_decode as dec
 from ingot.plugins.attention.triton_decode import make_decode_attention
 from ingot.plugins.attention.triton_prefill import make_prefill_attention
 from ingot.plugins.tactics import Tactic, time_tactics
@@ -25,6 +27,36 @@ def test_attention_timing_inputs_bind_to_the_kernel(n_q, factory):
     args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").attention(n_q, 128)
     inspect.signature(factory(None)).bind(*args, **kwargs)  # TypeError on a stray keyword
     assert args[0].shape == (n_q, LLAMA_3_1_8B.num_heads, LLAMA_3_1_8B.head_dim)
+
+
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_large_batch_timing_inputs_bind_and_use_the_cache_dtype(kv_fp8):
+    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").decode_batch(40, 100, kv_fp8)
+    inspect.signature(make_decode_attention(None)).bind(*args, **kwargs)
+    q, kc, _, tables, ctx, qsl = args[:6]
+    assert q.shape[0] == tables.shape[0] == ctx.shape[0] == qsl.shape[0] - 1 == 40
+    assert (kc.dtype == torch.float8_e4m3fn) == kv_fp8 == ("k_scale" in kwargs)
+    assert len(set(tables[:, :7].flatten().tolist())) == 40 * 7  # ceil(100 / 16) blocks each
+    assert kc.shape[0] == 40 * 7 + 1
+
+
+def test_large_batches_run_the_large_batch_decode_tactic(monkeypatch):
+    """A paged_attention tactic with a large-batch decode tactic launches it from
+    LARGE_BATCH_ROWS sequences x kv heads on, and its small-batch one below."""
+    small, large = dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2]
+    seen = []
+    monkeypatch.setattr(dec, "launch_decode", lambda *a: seen.append(a[9]))
+    fn = dec.make_paged_attention(dec.combine_tactics(small, dec.PREFILL_TACTICS[0], large))
+    hkv = LLAMA_3_1_8B.num_kv_heads
+    for batch in (1, dec.LARGE_BATCH_ROWS // hkv - 1, dec.LARGE_BATCH_ROWS // hkv, 128):
+        args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").decode_batch(batch, 20, False)
+        fn(*args, max_query_len=1, **kwargs)
+    assert seen == [small.as_dict()] * 2 + [large.as_dict()] * 2
+    seen.clear()
+    dec.make_paged_attention(dec.combine_tactics(small, dec.PREFILL_TACTICS[0]))(
+        *args, max_query_len=1, **kwargs
+    )
+    assert seen == [small.as_dict()]  # without one, the small-batch tactic serves all
 
 
 def _fake_timer(fn, repeats):

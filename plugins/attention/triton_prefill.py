@@ -56,6 +56,38 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def fp16_query(q, scale_log2):
+    """An FP8 KV cache's dots run in fp16, not in q's bf16: e4m3 -> fp16 is one conversion
+    per pair of elements on sm_89+, e4m3 -> bf16 goes through fp16 and costs 1.5 per element,
+    and the conversion unit's throughput bounds the kernel. Both are exact. A bf16 q is scaled
+    by 1/16 (exact) so that |q| up to 2^20 fits fp16; the 16 joins the softmax scale."""
+    if q.dtype == tl.bfloat16:
+        # NOTE: scaled in bf16, then converted: LLVM rewrites fp16(fp32(q) * c) as
+        # fp16(q) * c, which overflows past 65504 (seen on sm_90)
+        q = (q * 0.0625).to(tl.float16)
+        scale_log2 = scale_log2 * 16.0
+    return q, scale_log2
+
+
+@triton.jit
+def kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(base, rows): keys n0 .. n0 + BLOCK_N - 1 of kv head kvh sit at cache + base + rows[i]
+    (n0 is a multiple of BLOCK_N). When a block holds a multiple of BLOCK_N tokens the tile
+    lies in one block: one block-table read, a scalar 64-bit base and 32-bit offsets (the
+    per-token gather and 64-bit address arithmetic cost an FP8 cache, half the bytes per
+    token of a BF16 one, a large share of its time)."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    if BS % BLOCK_N == 0:
+        base = tl.load(bt_row + n0 // BS).to(tl.int64) * s_blk + kvh * s_h
+        rows = (t % BS) * s_tok
+    else:
+        base = kvh.to(tl.int64) * s_h
+        blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
+        rows = blk * s_blk + (t % BS).to(tl.int64) * s_tok
+    return base, rows
+
+
+@triton.jit
 def _attend(
     q,
     acc,
@@ -72,7 +104,7 @@ def _attend(
     dm,
     scale_log2,
     window,
-    BS,
+    BS: tl.constexpr,
     s_blk,
     s_tok,
     s_h,
@@ -85,11 +117,12 @@ def _attend(
     is visible to every query of the tile (below the causal diagonal, inside the context)."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < hi
-    blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
-    off = blk * s_blk + (t % BS).to(tl.int64) * s_tok + kvh * s_h
+    base, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
+    off = rows[:, None] + d[None, :]
     kv_mask = tv[:, None] & dm[None, :]
-    # an FP8 cache's K/V convert exactly to q's dtype; their scales are applied outside the loop
-    k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    # an FP8 cache's K/V convert exactly to q's dtype (fp16: fp16_query); their scales are
+    # applied outside the loop
+    k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -104,7 +137,7 @@ def _attend(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
     if IEEE:
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
     else:
@@ -127,8 +160,8 @@ def _prefill_kernel(
     scale_log2,
     window,
     G,
-    HD,
-    BS,
+    HD: tl.constexpr,
+    BS: tl.constexpr,
     sqt,
     sqh,
     sot,
@@ -185,6 +218,8 @@ def _prefill_kernel(
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
         if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
             scale_log2 = scale_log2 * tl.load(ks_ptr)
+            if not IEEE:
+                q, scale_log2 = fp16_query(q, scale_log2)
         lo = 0
         if USE_WINDOW:
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N

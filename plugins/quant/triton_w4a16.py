@@ -8,9 +8,11 @@ One kernel, two paths chosen by the number of rows T of x:
 
 * decode (T <= the tactic's `max_m`): a weight stream. Each program owns BLOCK_N output
   columns and one of SPLIT_K slices of K, reads every packed word of its slice exactly once
-  (4 bits per weight: a quarter of a bf16 GEMV's bytes), unpacks a [BLOCK_K/8, BLOCK_N] word
-  tile into [BLOCK_K, BLOCK_N] codes in registers, scales them by their group's row of scales
-  and accumulates x @ w with fp32 FMAs (no tensor cores: T is tiny). Split-K keeps enough
+  (4 bits per weight: a quarter of a bf16 GEMV's bytes) and accumulates x @ w with fp32 FMAs
+  (no tensor cores: T is tiny). Codes become floats through their bits (no int -> float
+  conversions) and a chunk's group scale multiplies its sums, not each weight. At batch 1 the
+  chunk is worked in the words' own layout, one nibble position at a time (`_gemv_chunk`);
+  a few rows unpack the words into a [BLOCK_K, BLOCK_N] tile. Split-K keeps enough
   programs in flight for N = 4096 on 132 SMs; the slices write fp32 partials and a small
   second kernel sums them, adds the bias and casts (no atomics: deterministic, graph capturable).
 * gemm (larger T): tiles of BLOCK_M rows; each K chunk is dequantized to the model dtype and
@@ -63,6 +65,10 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # W4A16 GEMMs, at the price of fewer, narrower programs (timing decides)
     _dec(16, 128, 1, 4, 3, 2),
     _dec(32, 128, 1, 4, 3, 1),
+    # wide column tiles: each x value serves more columns of a thread (batch 1)
+    _dec(128, 128, 2, 4, 3, 1),
+    _dec(128, 128, 8, 4, 3, 1),
+    _dec(256, 128, 4, 8, 3, 1),
 )
 GEMM_TACTICS: tuple[Tactic, ...] = (
     _mm(64, 128, 64, 4, 3),
@@ -85,6 +91,44 @@ W4A16_TACTICS: tuple[Tactic, ...] = tuple(
 )
 
 
+_MAGIC = 0x4B000000  # the bits of 2^23 in fp32
+
+
+@triton.jit
+def _code_minus_8(codes):
+    """4-bit codes (int32) -> code - 8 in fp32 without an int -> float conversion (a quarter
+    of the FP32 rate on the GPU; it bounded the decode path): the bits of 2^23 + code, read as
+    fp32, minus 2^23 + 8 (exact)."""
+    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+
+
+@triton.jit
+def _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS: tl.constexpr):
+    """One row of x (batch 1) times a chunk of packed words [BLOCK_K/8, BLOCK_N]: partial sums
+    per word row, [BLOCK_K/8, BLOCK_N] fp32. Works in the words' own layout (each thread keeps
+    its words and reuses an x value across its columns), one nibble position at a time, with
+    no shifts per weight: nibble j of a half word is masked in place into the mantissa of
+    2^23 (2^23 + code * 16^j, exact), minus 2^23 + 8 * 16^j gives (code - 8) * 16^j, and x
+    comes scaled by 16^-j (exact). About three instructions per weight: LOP3, FADD, FFMA.
+    `magic` is 0x4B000000 passed at run time: as a register, (word & mask) | magic is one LOP3
+    (with two immediates it took two)."""
+    part = tl.zeros(words.shape, tl.float32)
+    for h in tl.static_range(2):
+        half = words
+        if h == 1:
+            half = (words >> 16) & 0xFFFF
+        for j in tl.static_range(4):
+            k = k0 + rkw * 8 + 4 * h + j
+            xj = tl.load(x_ptr + k)
+            if HAS_PQS:  # x * pre_quant_scale, rounded to x's dtype as the reference does
+                p = tl.load(pqs_ptr + k).to(x_ptr.dtype.element_ty).to(tl.float32)
+                xj = (xj.to(tl.float32) * p).to(x_ptr.dtype.element_ty)
+            xj = xj.to(tl.float32) * (1.0 / (1 << (4 * j)))
+            f = ((half & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
+            part += xj[:, None] * (f - (8388608.0 + 8.0 * (1 << (4 * j))))
+    return part
+
+
 @triton.jit
 def _w4a16_kernel(
     x_ptr,
@@ -98,11 +142,13 @@ def _w4a16_kernel(
     K,
     sxm,
     som,
+    magic,
     HAS_PQS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
     IEEE: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    GEMV: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -132,8 +178,9 @@ def _w4a16_kernel(
     k_hi = tl.minimum(chunks, (sp + 1) * per_split) * BLOCK_K
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * sxm
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_rows = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)  # GEMV: summed after the loop
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-        # [BLOCK_K/8, BLOCK_N] packed words -> [BLOCK_K, BLOCK_N] codes (row 8r + j: nibble j)
+        # [BLOCK_K/8, BLOCK_N] packed words (row r: k0 + 8r + j in nibble j)
         kw = (k0 // 8 + rkw).to(tl.int64)
         words = tl.load(
             qw_ptr + kw[:, None] * N + rn[None, :],
@@ -141,21 +188,28 @@ def _w4a16_kernel(
             other=0,
             eviction_policy="evict_first",
         )
-        codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
-        codes = tl.reshape(codes, [BLOCK_K, BLOCK_N])
         sc = tl.load(s_ptr + (k0 // GROUP) * N + rn, mask=nm, other=0.0).to(tl.float32)
-        w = (codes - 8).to(tl.float32) * sc[None, :]
-        xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
-        if HAS_PQS:
-            p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
-            xk = (xk.to(tl.float32) * p[None, :]).to(x_ptr.dtype.element_ty)
-        if USE_DOT:
-            if IEEE:
-                acc = tl.dot(xk, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xk, w.to(xk.dtype), acc)
+        if GEMV:
+            # the chunk lies in one group: its scale multiplies the chunk's sums, not each weight
+            part = _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS)
+            acc_rows += part * sc[None, :]
         else:
-            acc += tl.sum(xk.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+            codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
+            codes = tl.reshape(codes, [BLOCK_K, BLOCK_N])
+            w = _code_minus_8(codes) * sc[None, :]
+            xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
+            if HAS_PQS:
+                p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
+                xk = (xk.to(tl.float32) * p[None, :]).to(x_ptr.dtype.element_ty)
+            if USE_DOT:
+                if IEEE:
+                    acc = tl.dot(xk, w, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xk, w.to(xk.dtype), acc)
+            else:
+                acc += tl.sum(xk.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    if GEMV:
+        acc = tl.sum(acc_rows, axis=0)[None, :]
     if SPLIT_K > 1:
         part = out_ptr + (sp * T).to(tl.int64) * N
         tl.store(
@@ -242,11 +296,13 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
         K,
         x.stride(0),
         out.stride(0),
+        _MAGIC,
         HAS_PQS=pqs is not None,
         HAS_BIAS=bias is not None,
         USE_DOT=not decode,
         IEEE=x.dtype == torch.float32,
         SPLIT_K=split,
+        GEMV=decode and bm == 1,
         GROUP=group_size,
         BLOCK_M=bm,
         BLOCK_N=bn,

@@ -1,0 +1,67 @@
+"""W4A16 (INT4 AWQ, group 128) GEMV at batch 1 on the Llama-3.1-8B layer shapes: every decode
+tactic's median time (L2 flushed between calls), the bytes it must read (packed weights, scales,
+x) against the measured copy bandwidth, and the per-layer sum of the best tactics.
+
+    python3 scripts/bench_w4a16.py --out bench_w4a16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_kernels import BF16, DEV, HD, HKV, HQ, INTER, LAYERS, D, fixed, measure_copy_bw, record  # noqa: E402
+
+from ingot.plugins.quant import triton_w4a16 as tw  # noqa: E402
+from ingot.plugins.tactics import time_tactics  # noqa: E402
+
+GROUP = 128
+SHAPES = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
+          "down": (D, INTER)}  # fmt: skip
+
+
+def inputs(N: int, K: int):
+    qweight = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), device=DEV, dtype=torch.int32)
+    scales = (torch.rand(K // GROUP, N, device=DEV) * 0.02 + 0.005).to(BF16)
+    pqs = (torch.rand(K, device=DEV) + 0.5).to(BF16)
+    x = torch.randn(1, K, device=DEV, dtype=BF16)
+    return (x, qweight, scales, pqs, GROUP), {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("bench_w4a16.json"))
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    bw = measure_copy_bw()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
+    rows, best = [], {}
+    for name, (N, K) in SHAPES.items():
+        t = time_tactics("w4a16_gemm", tactics, fixed(*inputs(N, K)), args.reps,
+                         factory=tw.make_w4a16_linear)  # fmt: skip
+        nbytes = N * K // 2 + (K // GROUP) * N * 2 + K * 4 + N * 2
+        record(rows, "w4a16_gemv", f"{name} N={N} K={K}", t, nbytes, 2 * N * K, bw=bw)
+        best[name] = {
+            "tactic": t[0][0].name,
+            "ms": t[0][1],
+            "frac_bw": nbytes / (t[0][1] * 1e-3) / bw,
+        }
+    layer_ms = sum(b["ms"] for b in best.values())
+    layer_bytes = sum(N * K // 2 for N, K in SHAPES.values())
+    print(f"layer: {layer_ms * 1e3:.1f} us for {layer_bytes / 1e6:.1f} MB of packed weights "
+          f"({layer_bytes / (layer_ms * 1e-3) / bw * 100:.1f}% of copy bandwidth); "
+          f"{LAYERS} layers: {LAYERS * layer_ms:.2f} ms")  # fmt: skip
+    doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "best": best,
+           "layer_ms": layer_ms, "layers_ms": LAYERS * layer_ms, "rows": rows}  # fmt: skip
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
