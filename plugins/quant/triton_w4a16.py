@@ -65,10 +65,9 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # W4A16 GEMMs, at the price of fewer, narrower programs (timing decides)
     _dec(16, 128, 1, 4, 3, 2),
     _dec(32, 128, 1, 4, 3, 1),
-    # wide column tiles: each x value serves more columns of a thread (batch 1)
-    _dec(128, 128, 2, 4, 3, 1),
-    _dec(128, 128, 8, 4, 3, 1),
-    _dec(256, 128, 4, 8, 3, 1),
+    # NOTE: wider column tiles (128 and 256 columns, each x value serving more of a thread's
+    # columns) were never the fastest on the H200 (docs/bench/bench-w4a16.json): these GEMVs
+    # are bound by latency and launches, not by the instructions per weight
 )
 GEMM_TACTICS: tuple[Tactic, ...] = (
     _mm(64, 128, 64, 4, 3),
