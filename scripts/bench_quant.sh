@@ -11,7 +11,8 @@
 # OUT_DIR/<mode>/{latency,tput_*}/*.json and OUT_DIR/summary.json (convert/build seconds, the
 # headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
-# modes that get throughput points (default fp8); REQUESTS_128 / REQUESTS_2048 set their size;
+# modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x2048
+# 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 set their size (by input length);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,8 +66,9 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
-    for shape in "128 128 $requests_128" "2048 2048 $requests_2048" "2048 128 $requests_2048"; do
-      read -r i o n <<< "$shape"
+    for shape in ${TPUT_SHAPES:-128x128 2048x2048 2048x128}; do
+      i=${shape%x*} o=${shape#*x}
+      n=$(( i >= 2048 ? requests_2048 : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
         --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
     done
