@@ -126,7 +126,7 @@ def select_plugins(
                 quant.group_size,
                 quant.lm_head,
                 kv_fp8=quant.kv_cache_dtype == "fp8",
-            )  # fmt: skip
+            )
         )
     return tuple(c for c in default_choices(target, model) if c.name not in unused)
 

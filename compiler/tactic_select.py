@@ -275,7 +275,6 @@ def timed_choices(
         batch = min(build.max_batch_size, 128)
         if batch * model.num_kv_heads < LARGE_BATCH_ROWS:
             return None, []
-        batch = max(batch, -(-LARGE_BATCH_ROWS // model.num_kv_heads))
         ctx = min(1024, build.max_seq_len)
         res = time_tactics(
             "paged_attention",

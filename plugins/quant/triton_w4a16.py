@@ -94,23 +94,24 @@ _MAGIC = 0x4B000000  # the bits of 2^23 in fp32
 
 
 @triton.jit
-def _code_minus_8(codes):
-    """4-bit codes (int32) -> code - 8 in fp32 without an int -> float conversion (a quarter
-    of the FP32 rate on the GPU; it bounded the decode path): the bits of 2^23 + code, read as
-    fp32, minus 2^23 + 8 (exact)."""
-    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+def _nibble_minus_8(words, j: tl.constexpr, magic):
+    """(code - 8) * 16^j in fp32 for the 4-bit code in bits 4j .. 4j+3 of int32 `words`
+    (j < 5), with no shift and no int -> float conversion (a quarter of the FP32 rate on the
+    GPU; it bounded the decode path): the code is masked in place into the mantissa of 2^23
+    (2^23 + code * 16^j, exact, read as fp32), minus 2^23 + 8 * 16^j. `magic` is 0x4B000000
+    passed at run time: as a register, (words & mask) | magic is one LOP3 (with two
+    immediates it took two)."""
+    f = ((words & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
+    return f - (8388608.0 + 8.0 * (1 << (4 * j)))
 
 
 @triton.jit
 def _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS: tl.constexpr):
     """One row of x (batch 1) times a chunk of packed words [BLOCK_K/8, BLOCK_N]: partial sums
     per word row, [BLOCK_K/8, BLOCK_N] fp32. Works in the words' own layout (each thread keeps
-    its words and reuses an x value across its columns), one nibble position at a time, with
-    no shifts per weight: nibble j of a half word is masked in place into the mantissa of
-    2^23 (2^23 + code * 16^j, exact), minus 2^23 + 8 * 16^j gives (code - 8) * 16^j, and x
-    comes scaled by 16^-j (exact). About three instructions per weight: LOP3, FADD, FFMA.
-    `magic` is 0x4B000000 passed at run time: as a register, (word & mask) | magic is one LOP3
-    (with two immediates it took two)."""
+    its words and reuses an x value across its columns), one nibble position j of each half
+    word at a time: `_nibble_minus_8` gives (code - 8) * 16^j without shifting, and x comes
+    scaled by 16^-j (exact). About three instructions per weight: LOP3, FADD, FFMA."""
     part = tl.zeros(words.shape, tl.float32)
     for h in tl.static_range(2):
         half = words
@@ -123,8 +124,7 @@ def _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS: tl.constexpr):
                 p = tl.load(pqs_ptr + k).to(x_ptr.dtype.element_ty).to(tl.float32)
                 xj = (xj.to(tl.float32) * p).to(x_ptr.dtype.element_ty)
             xj = xj.to(tl.float32) * (1.0 / (1 << (4 * j)))
-            f = ((half & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
-            part += xj[:, None] * (f - (8388608.0 + 8.0 * (1 << (4 * j))))
+            part += xj[:, None] * _nibble_minus_8(half, j, magic)
     return part
 
 
@@ -193,9 +193,8 @@ def _w4a16_kernel(
             part = _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS)
             acc_rows += part * sc[None, :]
         else:
-            codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
-            codes = tl.reshape(codes, [BLOCK_K, BLOCK_N])
-            w = _code_minus_8(codes) * sc[None, :]
+            codes = tl.reshape(words[:, None, :] >> shifts[None, :, None], [BLOCK_K, BLOCK_N])
+            w = _nibble_minus_8(codes, 0, magic) * sc[None, :]
             xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
             if HAS_PQS:
                 p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
