@@ -11,7 +11,6 @@ requests; (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -30,8 +29,8 @@ from bench_kernels import (  # noqa: E402
     LAYERS,
     VOCAB,
     D,
+    bench_cli,
     fixed,
-    measure_copy_bw,
     paged,
     record,
 )
@@ -92,12 +91,7 @@ def gemms(rows, bw, M, reps):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("batch_decode.json"))
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    bw = measure_copy_bw()
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    args, bw = bench_cli(__doc__, "batch_decode.json", 20)
     rows, points = [], []
     gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({b for b, _ in POINTS})}
     for B, ctx in POINTS:

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -50,6 +51,17 @@ def measure_copy_bw() -> float:
     e.record()
     torch.cuda.synchronize()
     return 2 * a.numel() * 2 * 10 / (s.elapsed_time(e) * 1e-3)
+
+
+def bench_cli(doc: str, out: str, reps: int) -> tuple[argparse.Namespace, float]:
+    """A benchmark script's command line (--out, --reps) and the measured copy bandwidth."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("--reps", type=int, default=reps)
+    args = ap.parse_args()
+    bw = measure_copy_bw()
+    print(f"device {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s")
+    return args, bw
 
 
 def paged(ctxs, qlens, bs=BS):
@@ -305,13 +317,8 @@ def bench_decode_step(best, bw, ctx=2048, cublas_only=False):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench_kernels.json")
-    ap.add_argument("--reps", type=int, default=30)
-    args = ap.parse_args()
     t0 = time.time()
-    bw = measure_copy_bw()
-    print(f"device {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s")
+    args, bw = bench_cli(__doc__, "bench_kernels.json", 30)
     rows: list[dict] = []
     best = bench_ops(rows, bw, args.reps)
     best.update(bench_attention(rows, bw, args.reps))

@@ -7,7 +7,6 @@ x) against the measured copy bandwidth, and the per-layer sum of the best tactic
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_kernels import BF16, DEV, HD, HKV, HQ, INTER, LAYERS, D, fixed, measure_copy_bw, record  # noqa: E402
+from bench_kernels import BF16, DEV, HD, HKV, HQ, INTER, LAYERS, D, bench_cli, fixed, record  # noqa: E402
 
 from ingot.plugins.quant import triton_w4a16 as tw  # noqa: E402
 from ingot.plugins.tactics import time_tactics  # noqa: E402
@@ -34,12 +33,7 @@ def inputs(N: int, K: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("bench_w4a16.json"))
-    ap.add_argument("--reps", type=int, default=30)
-    args = ap.parse_args()
-    bw = measure_copy_bw()
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    args, bw = bench_cli(__doc__, "bench_w4a16.json", 30)
     tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
     rows, best = [], {}
     for name, (N, K) in SHAPES.items():
