@@ -13,6 +13,7 @@
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
 # modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x2048
 # 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 set their size (by input length);
+# PROFILE_SHAPES (e.g. "128x128") also profiles those points (scripts/profile_throughput.py);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,10 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
       n=$(( i >= 2048 ? requests_2048 : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
         --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
+      if [[ " ${PROFILE_SHAPES:-} " == *" $shape "* ]]; then
+        python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" \
+          --output-len "$o" --num-requests "$n" --out "$out/$mode/profile_${i}_${o}.json"
+      fi
     done
   fi
   rm -rf "$work/engine-$mode"  # NOTE: 16 GB each on the GPU machine's disk
@@ -91,6 +96,9 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     for p in sorted((out / mode).glob("tput_*/throughput.json")):
         res = json.loads(p.read_text())["results"][0]["ingot"]
         row[p.parent.name + "_output_tok_s"] = res["output_tok_s"]
+        # where the run's time went: decode-only / prefill-only / mixed steps
+        row[p.parent.name + "_step_mix"] = res.get("step_mix")
+        row[p.parent.name + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
     summary[mode] = row
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}

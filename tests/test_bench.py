@@ -98,6 +98,16 @@ def _check_figures(m: dict, point: dict, system: str) -> None:
         assert 0 < kv["peak_used_blocks"] <= kv["num_blocks"]
         assert 0 <= kv["mean_utilization"] <= kv["peak_utilization"] <= 1
         assert set(m["prefix_cache"]) >= {"hit_blocks", "miss_blocks", "hit_rate"}
+        mix = m["step_mix"]
+        # every step is of one kind: the kinds' steps add up to the run's, and every prompt
+        # and decode token not found in the prefix cache was computed in one of them
+        assert sum(k["steps"] for k in mix.values()) == m["steps"]
+        assert mix["decode"]["steps"] == dec["steps"]
+        assert _close(mix["decode"]["seconds"], dec["seconds"])
+        computed = sum(k["tokens"] for k in mix.values())
+        hits = m["prefix_cache"]["hit_tokens"]
+        assert computed == m["input_tokens"] + m["output_tokens"] - n - hits
+        assert mix["prefill"]["steps"] + mix["mixed"]["steps"] > 0
     else:
         assert m["kv_cache"] is None and m["prefix_cache"] is None
 

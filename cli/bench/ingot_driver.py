@@ -16,7 +16,7 @@ from ingot.runtime.errors import ConfigError
 from ingot.runtime.executor import Executor
 from ingot.runtime.types import Request, SamplingParams
 
-from .metrics import RunResult, Trace, peak_memory, reset_peak_memory
+from .metrics import RunResult, StepMix, Trace, peak_memory, reset_peak_memory
 from .roofline import DecodeStep
 from .workload import Workload
 
@@ -47,16 +47,17 @@ class IngotDriver:
             cuda_graphs=cuda_graphs,
         )
         self.device = self.executor.device
-        self._plan: tuple[int, int, int] = (0, 0, 0)
+        self._plan: tuple[int, int, int, int] = (0, 0, 0, 0)
         sched = self.executor.scheduler
         schedule = sched.schedule
 
         def probe():
             # NOTE: records what each step computes (sequences, prefill entries, KV tokens
-            # read) so decode-only steps can be timed; the plan itself is passed on untouched.
+            # read, tokens) so decode-only steps can be timed; the plan is passed on untouched.
             plan = schedule()
             ctx = int(np.sum(plan.context_lens, dtype=np.int64)) if plan.num_seqs else 0
-            self._plan = (plan.num_seqs, plan.num_prefill, ctx)
+            tokens = int(plan.query_start_loc[-1]) if plan.num_seqs else 0
+            self._plan = (plan.num_seqs, plan.num_prefill, ctx, tokens)
             return plan
 
         sched.schedule = probe  # instance attribute: only this executor is probed
@@ -88,6 +89,7 @@ class IngotDriver:
         order = deque(sorted(range(len(w)), key=lambda i: w.arrivals[i]))
         index: dict[int, int] = {}
         steps: list[DecodeStep] = []
+        mix = StepMix()
         used, util = [], []
         before = ex.scheduler.stats()
         reset_peak_memory(self.device)
@@ -118,9 +120,10 @@ class IngotDriver:
             t = time.perf_counter()
             done = ex.step(on_token)
             dt = time.perf_counter() - t
-            num_seqs, num_prefill, ctx = self._plan
+            num_seqs, num_prefill, ctx, tokens = self._plan
             if num_seqs and not num_prefill:
                 steps.append(DecodeStep(dt, num_seqs, ctx))
+            mix.add(dt, num_seqs, num_prefill, tokens)
             s = ex.scheduler.stats()
             used.append(s["used_blocks"])
             util.append(s["kv_utilization"])
@@ -150,5 +153,5 @@ class IngotDriver:
                 # NOTE: None when no full prompt block was looked up (e.g. one-block prompts).
                 "hit_rate": hit / (hit + miss) if hit + miss else None,
             },
-            extra={"steps": len(used)},
+            extra={"steps": len(used), "step_mix": mix.to_dict()},
         )

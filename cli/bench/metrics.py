@@ -28,6 +28,38 @@ class Trace:
     generated: int = 0  # tokens the system reports for this request when it finished
 
 
+class StepMix:
+    """Where a run's step time went, by kind of step: decode-only, prefill-only, and mixed
+    (prefill chunks beside decodes). Per kind: steps, seconds, tokens computed, sequences."""
+
+    KINDS = ("decode", "prefill", "mixed")
+
+    def __init__(self) -> None:
+        self._sums = {k: [0, 0.0, 0, 0] for k in self.KINDS}
+
+    def add(self, seconds: float, num_seqs: int, num_prefill: int, tokens: int) -> None:
+        if not num_seqs:
+            return
+        kind = "decode" if num_prefill == 0 else "prefill" if num_prefill == num_seqs else "mixed"
+        row = self._sums[kind]
+        row[0] += 1
+        row[1] += seconds
+        row[2] += tokens
+        row[3] += num_seqs
+
+    def to_dict(self) -> dict:
+        return {
+            kind: {
+                "steps": n,
+                "seconds": sec,
+                "tokens": tok,
+                "mean_seqs": seqs / n if n else None,
+                "mean_ms": 1e3 * sec / n if n else None,
+            }
+            for kind, (n, sec, tok, seqs) in self._sums.items()
+        }
+
+
 @dataclass
 class RunResult:
     traces: list[Trace]
