@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ingot.plugins import Tactic, all_specs, get_spec, target_kind
+from ingot.plugins.attention.layout import to_v_layout
 from ingot.runtime.config import BuildConfig, ModelConfig
 from ingot.runtime.engine import PluginChoice
 
@@ -88,7 +89,8 @@ class _Shapes:
         kc, vc = self.t(*shape), self.t(*shape)
         kw: dict[str, Any] = {}
         if kv_fp8:
-            kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+            # V transposed per block, as the engine's FP8 pool stores it
+            kc, vc = kc.to(torch.float8_e4m3fn), to_v_layout(vc.to(torch.float8_e4m3fn))
             one = torch.ones((), dtype=torch.float32, device=self.dev)
             kw = {"k_scale": one, "v_scale": one}
         width = -(-self.b.max_seq_len // bs)

@@ -1,11 +1,14 @@
 """The paged KV pool: one tensor [L, 2, num_blocks, tokens_per_block, Hkv, hd] on the device.
 
-The C++ core owns which block belongs to whom; this owns the memory.
+The C++ core owns which block belongs to whom; this owns the memory. An FP8 pool stores each
+block's V transposed ([Hkv, hd, tokens_per_block]; plugins/attention/layout.py).
 """
 
 from __future__ import annotations
 
 import torch
+
+from ingot.plugins.attention.layout import transposed_view, transposes_v
 
 from .config import ModelConfig
 
@@ -40,10 +43,16 @@ class KVCache:
             dtype=dtype,
             device=device,
         )
+        self.transposed_v = transposes_v(dtype)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k_cache, v_cache) of layer i: each [num_blocks, tokens_per_block, Hkv, hd]."""
-        return self.data[i, 0], self.data[i, 1]
+        """(k_cache, v_cache) of layer i: each seen as [num_blocks, tokens_per_block, Hkv, hd]
+        (V a permuted view when the pool stores it transposed)."""
+        k, v = self.data[i, 0], self.data[i, 1]
+        if self.transposed_v:
+            nb, bs, h, hd = v.shape
+            v = transposed_view(v.view(nb, h, hd, bs))
+        return k, v
 
     @property
     def scratch_block(self) -> int:

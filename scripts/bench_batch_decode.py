@@ -36,28 +36,32 @@ from bench_kernels import (  # noqa: E402
 )
 
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
+from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072), (128, 2112), (512, 192))
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
+KV_KINDS = ("bf16", "fp8", "fp8_v_rows")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
 
 
-def attention(rows, bw, B, ctx, kv_fp8, reps, tactics=dec.DECODE_TACTICS):
+def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS):
+    """kv: "bf16", "fp8" (V transposed per block, as FP8 pools store it) or "fp8_v_rows" (V
+    token-major like K: the layout before 12-03)."""
     q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
     kw = {"max_context_len": bt.shape[1] * ENGINE_BS}  # as the engine's graphs: the table's width
     elem = 2
-    if kv_fp8:
+    if kv != "bf16":
         kc, vc, elem = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 1
+        vc = to_v_layout(vc, transposed=kv == "fp8")
         one = torch.ones((), device=DEV, dtype=torch.float32)
         kw |= {"k_scale": one, "v_scale": one}
     t = time_tactics("paged_attention", tactics,
                      fixed((q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD)), kw), reps,
                      factory=dec.make_decode_attention)  # fmt: skip
     nbytes = B * ctx * HKV * HD * 2 * elem
-    kv = "fp8" if kv_fp8 else "bf16"
     record(rows, f"decode_attention_{kv}kv", f"B={B} ctx={ctx}", t, nbytes, bw=bw)
     return t[0][1]
 
@@ -95,7 +99,7 @@ def main() -> None:
     rows, points = [], []
     gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({b for b, _ in POINTS})}
     for B, ctx in POINTS:
-        attn = {kv: attention(rows, bw, B, ctx, kv == "fp8", args.reps) for kv in ("bf16", "fp8")}
+        attn = {kv: attention(rows, bw, B, ctx, kv, args.reps) for kv in KV_KINDS}
         g = gemm_ms[B]
         layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)
         step_ms = LAYERS * (layer_fp8 + attn["fp8"]) + g[("lm_head", "bf16_torch")]

@@ -22,10 +22,13 @@ def rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, scales, cache
     """RoPE fused with the FP8 KV write against RoPE then the FP8 KV write (the GPU kernels):
     asserts equal q and equal cache bits; returns (rotated q, k cache, v cache) of the fused."""
     from ingot.plugins.attention import triton_kv_write as kvw
+    from ingot.plugins.attention.layout import v_like
     from ingot.plugins.rope import triton_kernels as rope_gpu
 
     f8 = torch.float8_e4m3fn
-    caches = [torch.zeros(cache_shape, device=q.device, dtype=f8) for _ in range(4)]
+    k_caches = [torch.zeros(cache_shape, device=q.device, dtype=f8) for _ in range(2)]
+    # V in the layout an FP8 pool uses (transposed per block)
+    caches = [k_caches[0], v_like(k_caches[0]), k_caches[1], v_like(k_caches[1])]
     fused_q = rope_gpu.make_rope_write_kv(None)(
         q, k, v, pos, cos, sin, caches[0], caches[1], slots, **scales
     )

@@ -15,6 +15,7 @@ from ingot.plugins.attention import reference as attn_ref
 from ingot.plugins.attention import triton_decode as dec
 from ingot.plugins.attention import triton_kv_write as kvw
 from ingot.plugins.attention import triton_prefill as pf
+from ingot.plugins.attention.layout import is_transposed, v_like
 from ingot.plugins.quant import cuda_fp8
 from ingot.plugins.quant import reference as qref
 from ingot.plugins.quant import triton_quantize as tq
@@ -218,13 +219,15 @@ HQ, HKV, HD, BS = 32, 8, 128, 16
 K_SCALE, V_SCALE = 6.0 / 448, 3.0 / 448
 
 
-def _fp8_cache(ctx: list[int], dtype=BF16, bs=BS):
+def _fp8_cache(ctx: list[int], dtype=BF16, bs=BS, transposed=True):
+    """FP8 caches holding random K/V for each sequence; V transposed per block as FP8 pools
+    store it (transposed=False: token-major like K, which the kernels still take)."""
     B = len(ctx)
     width = -(-max(ctx) // bs)
     nb = B * width + 3
     bt = torch.randperm(nb, device=DEV)[: B * width].reshape(B, width).int()
     kc = torch.zeros(nb, bs, HKV, HD, device=DEV, dtype=F8)
-    vc = torch.zeros_like(kc)
+    vc = v_like(kc, transposed)
     sc = {
         "k_scale": torch.tensor(K_SCALE, device=DEV),
         "v_scale": torch.tensor(V_SCALE, device=DEV),
@@ -250,11 +253,11 @@ def test_fp8_kv_write_bit_exact(tactic):
         "v_scale": torch.tensor(V_SCALE, device=DEV),
     }
     kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
-    vc = torch.zeros_like(kc)
-    kc_r, vc_r = kc.clone(), vc.clone()
+    vc = v_like(kc)  # transposed per block, as FP8 pools store it
+    kc_r, vc_r = kc.clone(), torch.zeros_like(kc)  # the reference: V token-major
     attn_ref.write_kv(k, v, kc_r, vc_r, slots, **sc)
     kvw.make_write_kv(tactic)(k, v, kc, vc, slots, **sc)
-    assert same_bits(kc, kc_r) and same_bits(vc, vc_r)
+    assert is_transposed(vc) and same_bits(kc, kc_r) and same_bits(vc, vc_r)
 
 
 @needs_fp8
@@ -277,11 +280,12 @@ def test_rope_write_kv_fp8_bit_exact_with_unfused():
 
 
 @needs_fp8
+@pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
 @pytest.mark.parametrize("bs", [16, 64])  # tiles across blocks; tiles inside one block
 @pytest.mark.parametrize("tactic", dec.DECODE_TACTICS, ids=ids(dec.DECODE_TACTICS))
-def test_fp8_decode(tactic, bs):
+def test_fp8_decode(tactic, bs, transposed):
     ctx = [1, 17, 300, 1100, 64]
-    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs, transposed=transposed)
     q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
     qsl = torch.arange(len(ctx) + 1, device=DEV).int()
     ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
@@ -291,11 +295,12 @@ def test_fp8_decode(tactic, bs):
 
 
 @needs_fp8
+@pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
 @pytest.mark.parametrize("bs", [16, 128])
 @pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
-def test_fp8_prefill(tactic, bs):
+def test_fp8_prefill(tactic, bs, transposed):
     new, ctx = [300, 1, 77], [300, 40, 500]  # a prompt, a decode row, a chunk after a prefix
-    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs, transposed=transposed)
     qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
     q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
     ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)

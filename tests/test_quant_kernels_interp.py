@@ -41,6 +41,7 @@ else:
     from ingot.plugins.attention import triton_decode as dec
     from ingot.plugins.attention import triton_kv_write as kvw
     from ingot.plugins.attention import triton_prefill as pf
+    from ingot.plugins.attention.layout import is_transposed, v_like
     from ingot.plugins.quant import cuda_fp8
     from ingot.plugins.quant import reference as qref
     from ingot.plugins.quant import triton_quantize as tq
@@ -224,8 +225,13 @@ else:
 
     HQ, HKV, HD, BS, NB = 4, 2, 32, 16, 16
 
-    def _kv_batch(lens_new: list[int], ctx: list[int], dtype, fp8: bool, bs: int = BS):
+    # the KV caches a test runs on: plain (the model dtype), FP8 with V in the layout FP8 pools
+    # use (transposed per block), FP8 with V token-major like K (still supported)
+    KV_KINDS = ["plain", "fp8", "fp8_v_rows"]
+
+    def _kv_batch(lens_new: list[int], ctx: list[int], dtype, kind: str, bs: int = BS):
         """Caches filled through the reference write_kv (fp8 with scales, or plain)."""
+        fp8 = kind != "plain"
         B = len(ctx)
         perm = torch.randperm(NB)
         width = -(-max(ctx) // bs)
@@ -233,7 +239,8 @@ else:
         bt = perm[: B * width].reshape(B, width).int()
         cache_dtype = F8 if fp8 else dtype
         kc = torch.zeros(NB, bs, HKV, HD, dtype=cache_dtype)
-        vc = torch.zeros_like(kc)
+        vc = v_like(kc, transposed=kind == "fp8")
+        assert is_transposed(vc) == (kind == "fp8")
         k_scale, v_scale = torch.tensor(2.5 / 448), torch.tensor(1.7 / 448)
         scales = {"k_scale": k_scale, "v_scale": v_scale} if fp8 else {}
         for b in range(B):
@@ -245,17 +252,19 @@ else:
         q = torch.randn(int(qsl[-1]), HQ, HD).to(dtype)
         return q, kc, vc, bt, torch.tensor(ctx).int(), qsl, scales
 
-    @pytest.mark.parametrize("fp8", [False, True])
-    def test_kv_write(fp8):
+    @pytest.mark.parametrize("kind", KV_KINDS)
+    def test_kv_write(kind):
         torch.manual_seed(6)
         T = 9
         k, v = torch.randn(T, HKV, HD) * 2, torch.randn(T, HKV, HD)
         slots = torch.randperm(NB * BS)[:T].int()
         slots[3] = -1  # a padding token: skipped
+        fp8 = kind != "plain"
         dt = F8 if fp8 else torch.float32
         scales = {"k_scale": torch.tensor(0.01), "v_scale": torch.tensor(0.003)} if fp8 else {}
-        kc, vc = torch.zeros(NB, BS, HKV, HD, dtype=dt), torch.zeros(NB, BS, HKV, HD, dtype=dt)
-        kc_r, vc_r = kc.clone(), vc.clone()
+        kc = torch.zeros(NB, BS, HKV, HD, dtype=dt)
+        vc, vc_r = (v_like(kc, transposed=kind == "fp8") for _ in range(2))
+        kc_r = kc.clone()
         keep = slots >= 0
         attn_ref.write_kv(k[keep], v[keep], kc_r, vc_r, slots[keep], **scales)
         for tactic in kvw.KV_WRITE_TACTICS:
@@ -282,7 +291,8 @@ else:
             q, k, v, pos, cos, sin, slots, scales, (NB, BS, HKV, HD)
         )
         keep = slots >= 0
-        kc_r, vc_r = torch.zeros_like(kc), torch.zeros_like(vc)
+        assert is_transposed(vc)
+        kc_r, vc_r = torch.zeros_like(kc), torch.zeros(vc.shape, dtype=vc.dtype)
         ref_q = rope_ref.rope_write_kv(
             q[keep], k[keep], v[keep], pos[keep], cos, sin, kc_r, vc_r, slots[keep], **scales
         )
@@ -290,7 +300,7 @@ else:
         for got, ref, sc in ((kc, kc_r, 0.01), (vc, vc_r, 0.004)):
             assert rel_err(got.float() * sc, ref.float() * sc) < 5e-2
 
-    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("kind", KV_KINDS)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize(
         "tactic",
@@ -298,26 +308,28 @@ else:
         ids=lambda t: t.name,
     )
     @pytest.mark.parametrize("bs", [BS, 64])  # key tiles across blocks; inside one block
-    def test_decode_attention(fp8, dtype, tactic, bs):
+    def test_decode_attention(kind, dtype, tactic, bs):
         torch.manual_seed(7)
         ctx = [5, 70, 33]
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, dtype, fp8, bs)
+        fp8 = kind != "plain"
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, dtype, kind, bs)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
         out = torch.full_like(q, float("nan"))
         dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
         assert rel_err(out, ref) < tol
 
-    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
     @pytest.mark.parametrize("target", [1, 12, 1024])
     @pytest.mark.parametrize("window", [None, 20])
-    def test_decode_split_plans(fp8, target, window, monkeypatch):
+    def test_decode_split_plans(kind, target, window, monkeypatch):
         """Fewer splits as the batch grows (one split: no partials, no reduce); each sequence
         spreads its own context (the window's part of it) over the splits, however short."""
         monkeypatch.setattr(dec, "_TARGET_PROGRAMS", target)
         torch.manual_seed(9)
         ctx = [5, 70, 33]
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, torch.float32, fp8)
+        fp8 = kind != "plain"
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1, 1], ctx, torch.float32, kind)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, window, **scales)
         tactic = dec.DECODE_TACTICS[3]  # partition 64, block_n 32
         assert dec.split_plan(3 * HKV, 256, 64) == {1: 1, 12: 2, 1024: 4}[target]
@@ -337,13 +349,14 @@ else:
         ),
     ]
 
-    @pytest.mark.parametrize("fp8", [False, True])
+    @pytest.mark.parametrize("kind", KV_KINDS)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize("params", SMALL_TILES, ids=lambda t: t.name)
-    def test_prefill_attention(fp8, dtype, params):
+    def test_prefill_attention(kind, dtype, params):
         torch.manual_seed(8)
         new, ctx = [7, 1, 20], [7, 30, 60]  # a prompt, a decode row, a chunk after a prefix
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, dtype, fp8)
+        fp8 = kind != "plain"
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, dtype, kind)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
         out = torch.full_like(q, float("nan"))
         pf.make_prefill_attention(params)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **scales)

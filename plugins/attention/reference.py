@@ -1,7 +1,8 @@
 """Paged KV cache write and paged attention over a packed variable-length batch, plain torch.
 
 KV cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, Hkv, hd]. Token t of a
-sequence lives in block block_table[t // block_size] at offset t % block_size.
+sequence lives in block block_table[t // block_size] at offset t % block_size. V may be a
+permuted view (FP8 pools store it transposed per block: layout.py); only indexing is used here.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ def write_kv(
     k_scale / v_scale (float32 [], FP8 KV cache): store k / k_scale and v / v_scale saturated
     to float8_e4m3fn; attention multiplies them back. None: store k, v cast to the cache dtype.
     """
-    nb, bs = k_cache.shape[:2]
+    bs = k_cache.shape[1]
     slots = slot_mapping.long()
+    blk, off = slots // bs, slots % bs
     if k_scale is not None and v_scale is not None:
         k, v = _to_fp8(k, k_scale), _to_fp8(v, v_scale)
-    k_cache.view(nb * bs, *k_cache.shape[2:])[slots] = k.to(k_cache.dtype)
-    v_cache.view(nb * bs, *v_cache.shape[2:])[slots] = v.to(v_cache.dtype)
+    k_cache[blk, off] = k.to(k_cache.dtype)
+    v_cache[blk, off] = v.to(v_cache.dtype)
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

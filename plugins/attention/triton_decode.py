@@ -23,7 +23,8 @@ import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
-from .triton_prefill import LOG2E, PREFILL_TACTICS, fp16_query, kv_tile, launch_prefill
+from .layout import check_kv_layout
+from .triton_prefill import LOG2E, PREFILL_TACTICS, fp16_query, kv_tile, launch_prefill, load_v
 
 DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
@@ -136,6 +137,7 @@ def _decode_kernel(
     s_tok,
     s_h,
     s_bt,
+    V_T: tl.constexpr,
     SPLIT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
@@ -183,7 +185,24 @@ def _decode_kernel(
             # an FP8 cache's K/V convert exactly to q's dtype (fp16 unless IEEE); the scales
             # are applied outside the loop
             k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
+            v = load_v(
+                vc_ptr,
+                base,
+                off,
+                kv_mask,
+                bt_row,
+                n0,
+                end,
+                tv,
+                kvh,
+                d,
+                dm,
+                s_blk,
+                HD,
+                BS,
+                V_T,
+                BLOCK_N,
+            )
             # NOTE: float32 engines must not round to TF32 (they are checked token for token).
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
@@ -303,6 +322,7 @@ def launch_decode(
         po = pml = out
     use_window = window > 0
     fp8 = k_scale is not None and v_scale is not None
+    v_t = check_kv_layout(k_cache, v_cache, "paged_attention")
     _decode_kernel[(B, hkv, num_splits)](
         q,
         k_cache,
@@ -328,6 +348,7 @@ def launch_decode(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        V_T=v_t,
         SPLIT=split,
         USE_WINDOW=use_window,
         IEEE=q.dtype == torch.float32,

@@ -16,6 +16,7 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
+from .layout import check_kv_layout
 
 KV_WRITE_TACTICS: tuple[Tactic, ...] = (
     Tactic("w4", (("num_warps", 4),)),
@@ -41,6 +42,11 @@ def _kv_write_kernel(
     svh,
     sc_slot,
     sc_h,
+    sv_blk,
+    sv_tok,
+    sv_h,
+    sv_d,
+    BS: tl.constexpr,
     KV_FP8: tl.constexpr,
     H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -56,12 +62,14 @@ def _kv_write_kernel(
         k = tl.load(k_ptr + t * skt + h * skh + d, mask=m)
         v = tl.load(v_ptr + t * svt + h * svh + d, mask=m)
         dst = slot * sc_slot + h * sc_h + d
+        # V has its own strides: FP8 pools store it transposed per block (layout.py)
+        dst_v = (slot // BS) * sv_blk + (slot % BS) * sv_tok + h * sv_h + d * sv_d
         if KV_FP8:
             tl.store(kc_ptr + dst, quant_fp8(k.to(tl.float32), tl.load(ks_ptr)), mask=m)
-            tl.store(vc_ptr + dst, quant_fp8(v.to(tl.float32), tl.load(vs_ptr)), mask=m)
+            tl.store(vc_ptr + dst_v, quant_fp8(v.to(tl.float32), tl.load(vs_ptr)), mask=m)
         else:
             tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
-            tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+            tl.store(vc_ptr + dst_v, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 def make_write_kv(tactic: Tactic | None = None):
@@ -77,7 +85,8 @@ def make_write_kv(tactic: Tactic | None = None):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
     ) -> None:
-        """Scatter k, v: [T, Hkv, hd] into caches [num_blocks, block_size, Hkv, hd] at slots [T].
+        """Scatter k, v: [T, Hkv, hd] into caches [num_blocks, block_size, Hkv, hd] at slots [T]
+        (V in either layout of layout.py).
 
         k_scale / v_scale (float32 [], FP8 KV cache, float8_e4m3fn caches): store k / k_scale
         and v / v_scale saturated to fp8. None: store k, v cast to the cache dtype.
@@ -90,12 +99,7 @@ def make_write_kv(tactic: Tactic | None = None):
         T, hkv, hd = k.shape
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("write_kv: the last (head_dim) dimension must be contiguous")
-        bs = k_cache.shape[1]
-        if k_cache.stride(0) != bs * k_cache.stride(1) or k_cache.stride() != v_cache.stride():
-            raise ValueError(
-                "write_kv: caches must be [num_blocks, block_size, Hkv, hd] with "
-                "blocks contiguous and k/v sharing one layout"
-            )
+        check_kv_layout(k_cache, v_cache, "write_kv")
         if T == 0:
             return
         _kv_write_kernel[(T,)](
@@ -114,6 +118,8 @@ def make_write_kv(tactic: Tactic | None = None):
             v.stride(1),
             k_cache.stride(1),
             k_cache.stride(2),
+            *v_cache.stride(),
+            BS=k_cache.shape[1],
             KV_FP8=fp8,
             H_PAD=triton.next_power_of_2(hkv),
             D_PAD=triton.next_power_of_2(hd),

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
+from .layout import check_kv_layout
 
 PREFILL_TACTICS: tuple[Tactic, ...] = (
     Tactic(
@@ -88,6 +89,39 @@ def kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
+def load_v(
+    vc_ptr, base, off, kv_mask, bt_row, n0, hi, tv, kvh, d, dm, s_blk,
+    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The V tile [BLOCK_N, D_PAD] of keys n0 .. n0 + BLOCK_N - 1 (n0 a multiple of BLOCK_N;
+    dims outside `dm` read 0, keys outside `tv` read 0 or, below, finite values whose p is 0;
+    `hi` bounds the keys that exist). Not V_T: V shares K's layout, so K's tile
+    offsets (base, off, kv_mask) serve. V_T: V is stored transposed per block (layout.py:
+    [Hkv, HD, BS] per block of K's size s_blk). When the tile lies in one block it is read
+    with tokens contiguous and unmasked along them, so the P.V dot gets V in the order it
+    needs; keys past the context in that block hold finite values (the pool is zero-filled,
+    FP8 writes saturate) and their p is 0."""
+    if not V_T:
+        return tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
+    if BS % BLOCK_N == 0:
+        vb = tl.load(bt_row + n0 // BS).to(tl.int64) * s_blk + kvh * (HD * BS)
+        r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
+        return tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
+    if BLOCK_N % BS == 0:  # whole blocks: [blocks, BS, D] with tokens contiguous in each
+        NB: tl.constexpr = BLOCK_N // BS
+        j = tl.arange(0, NB)
+        # NOTE: blocks past the context read block 0 (finite values; their p is 0)
+        blk = tl.load(bt_row + n0 // BS + j, mask=n0 + j * BS < hi, other=0)
+        vb = blk.to(tl.int64) * s_blk + kvh * (HD * BS)
+        r = tl.arange(0, BS)
+        ptr = vc_ptr + vb[:, None, None] + r[None, :, None] + d[None, None, :] * BS
+        v = tl.load(ptr, mask=dm[None, None, :], other=0.0)
+        return tl.reshape(v, (BLOCK_N, d.shape[0]))
+    vb, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, 1, HD * BS, BS, BLOCK_N)
+    return tl.load(vc_ptr + vb + rows[:, None] + d[None, :] * BS, mask=kv_mask, other=0.0)
+
+
+@triton.jit
 def _attend(
     q,
     acc,
@@ -108,6 +142,8 @@ def _attend(
     s_blk,
     s_tok,
     s_h,
+    HD: tl.constexpr,
+    V_T: tl.constexpr,
     MASKED: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
@@ -137,7 +173,9 @@ def _attend(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
+    v = load_v(
+        vc_ptr, base, off, kv_mask, bt_row, n0, hi, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N
+    )
     if IEEE:
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
     else:
@@ -170,6 +208,7 @@ def _prefill_kernel(
     s_tok,
     s_h,
     s_bt,
+    V_T: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
@@ -230,14 +269,14 @@ def _prefill_kernel(
                 acc, m_i, l_i = _attend(
                     q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                     kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                    False, USE_WINDOW, IEEE, BLOCK_N,
+                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N,
                 )  # fmt: skip
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                 kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                True, USE_WINDOW, IEEE, BLOCK_N,
+                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N,
             )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v
             acc = acc * tl.load(vs_ptr)
@@ -279,6 +318,7 @@ def launch_prefill(
     pack = g if params.get("gqa") and g > 1 and g & (g - 1) == 0 and block_m % g == 0 else 1
     grid = (triton.cdiv(max_query_len, block_m // pack), hq // pack, B)
     fp8 = k_scale is not None and v_scale is not None
+    v_t = check_kv_layout(k_cache, v_cache, "paged_attention")
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -302,6 +342,7 @@ def launch_prefill(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        V_T=v_t,
         USE_WINDOW=window > 0,
         IEEE=q.dtype == torch.float32,
         KV_FP8=fp8,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..attention.layout import check_kv_layout
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
@@ -104,6 +105,11 @@ def _rope_kernel(
     s_cos,
     sc_slot,
     sc_h,
+    sv_blk,
+    sv_tok,
+    sv_h,
+    sv_d,
+    BS: tl.constexpr,
     WRITE_K_OUT: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
     KV_FP8: tl.constexpr,
@@ -185,7 +191,9 @@ def _rope_kernel(
             v = tl.load(v_ptr + t * svt + h * svh + dd, mask=m)
             if KV_FP8:
                 v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
-            tl.store(vc_ptr + slot * sc_slot + h * sc_h + dd, v.to(vc_ptr.dtype.element_ty), mask=m)
+            # V has its own strides: FP8 pools store it transposed per block (layout.py)
+            dst = (slot // BS) * sv_blk + (slot % BS) * sv_tok + h * sv_h + dd * sv_d
+            tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 def _check_last_dim(*ts: torch.Tensor) -> None:
@@ -209,12 +217,7 @@ def _launch(
     half = hd // 2
     write_cache = k_cache is not None
     if write_cache:
-        nb, bs = k_cache.shape[:2]
-        if k_cache.stride(0) != bs * k_cache.stride(1) or k_cache.stride() != v_cache.stride():
-            raise ValueError(
-                "rope_write_kv: caches must be [num_blocks, block_size, Hkv, hd] "
-                "with blocks contiguous and k/v sharing one layout"
-            )
+        check_kv_layout(k_cache, v_cache, "rope_write_kv")
     _rope_kernel[(T,)](
         q,
         k,
@@ -245,6 +248,8 @@ def _launch(
         cos.stride(0),
         k_cache.stride(1) if write_cache else 0,
         k_cache.stride(2) if write_cache else 0,
+        *(v_cache.stride() if write_cache else (0, 0, 0, 0)),
+        BS=k_cache.shape[1] if write_cache else 1,
         WRITE_K_OUT=k_out is not None,
         WRITE_CACHE=write_cache,
         KV_FP8=scales is not None,
