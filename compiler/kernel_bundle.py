@@ -20,7 +20,7 @@ from ingot.runtime.cuda_graphs import batch_buckets, prefill_buckets
 from ingot.runtime.engine import EngineConfig, PluginChoice
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.kv_cache import KVCache
-from ingot.runtime.model import AttnMetadata, Decoder, Ops
+from ingot.runtime.model import AttnMetadata, Decoder, Ops, trailing_decodes
 
 BLOB_NAME = "triton_kernels"
 PREFILL_TOKENS = (1, 2, 16, 17, 32, 33)
@@ -58,6 +58,8 @@ def _meta_batch(
         query_start_loc=torch.empty(b + 1, **i32),
         max_context_len=max_ctx,
         max_query_len=max_query_len or max(lens_new),
+        # as the executor's eager steps (captured prefill graphs pass max_query_len: none)
+        num_decodes=0 if max_query_len else trailing_decodes(lens_new),
     )
 
 

@@ -18,7 +18,7 @@ from .errors import ConfigError, RequestError
 from .kernels import KERNELS_FILE, install_engine_kernels
 from .kv_cache import KVCache
 from .memory import num_kv_blocks as default_num_kv_blocks
-from .model import AttnMetadata, Decoder, Ops
+from .model import AttnMetadata, Decoder, Ops, trailing_decodes
 from .sampler import RequestSampler, greedy_tokens
 from .scheduler import Scheduler, SchedulerConfig
 from .step_inputs import StepInputs
@@ -260,6 +260,7 @@ class Executor:
             query_start_loc=d["query_start_loc"],
             max_context_len=int(np.max(arrays["context_lens"])),
             max_query_len=int(np.max(np.diff(qsl))),
+            num_decodes=trailing_decodes(np.diff(qsl).tolist()),
         )
         hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv)
         prompt = [

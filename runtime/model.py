@@ -32,6 +32,18 @@ class AttnMetadata:
     query_start_loc: torch.Tensor
     max_context_len: int  # an upper bound is fine (sizes GPU grids)
     max_query_len: int  # 1 means every sequence decodes one token
+    # the last num_decodes sequences have one query each (a mixed step's decodes; host-known)
+    num_decodes: int = 0
+
+
+def trailing_decodes(query_lens) -> int:
+    """How many sequences at the end of a step have exactly one query (AttnMetadata)."""
+    n = 0
+    for q_len in reversed(list(query_lens)):
+        if q_len != 1:
+            break
+        n += 1
+    return n
 
 
 class Ops:
@@ -158,6 +170,7 @@ class Decoder:
             c.sliding_window,
             max_query_len=meta.max_query_len,
             max_context_len=meta.max_context_len,
+            num_decodes=meta.num_decodes,
             **fp8,
         )
         out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)

@@ -30,7 +30,7 @@ from ingot.cli.bench.workload import point_seed, synthetic  # noqa: E402
 # first match wins; kernel names of cuBLAS(Lt) GEMMs vary by version, hence the loose patterns
 GROUPS = (
     ("gemm", r"gemm|cutlass|xmma|nvjet|gemv|_mm_|matmul|scaled_mm|sm90"),
-    ("attention", r"attention|attn|paged|decode_reduce|split"),
+    ("attention", r"attention|attn|paged|_prefill_kernel|_decode_kernel|decode_reduce"),
     ("rope_kv_write", r"rope|kv_write|kv_cache"),
     ("norm", r"norm"),
     ("swiglu_quant", r"swiglu|silu|quant"),

@@ -13,7 +13,7 @@ from ingot.plugins.attention.reference import paged_attention, write_kv
 from ingot.plugins.rope.reference import inv_freq
 from ingot.runtime.engine import load_engine
 from ingot.runtime.kv_cache import KVCache
-from ingot.runtime.model import AttnMetadata, Decoder, Ops
+from ingot.runtime.model import AttnMetadata, Decoder, Ops, trailing_decodes
 
 
 def _meta_for_prefill(lengths: list[int], bs: int, blocks_per_seq: int) -> AttnMetadata:
@@ -138,3 +138,13 @@ def test_kv_cache_has_a_scratch_block_past_the_schedulers():
     )
     k, v = kv.layer(0)
     assert kv.scratch_block == 5 and k.shape[0] == 6 and v.shape[0] == 6
+
+
+@pytest.mark.parametrize(
+    "lens,n",
+    [([5, 1, 1], 2), ([1, 1, 1], 3), ([3, 1, 4], 0), ([1, 7], 0), ([], 0), ([1, 2, 1], 1)],
+)
+def test_trailing_decodes_counts_one_query_rows_at_the_end(lens, n):
+    """AttnMetadata.num_decodes: how many sequences at the end of a step query one token (a
+    mixed step's decodes, which paged attention gives the decode kernel)."""
+    assert trailing_decodes(lens) == n

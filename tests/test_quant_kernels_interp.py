@@ -338,6 +338,32 @@ else:
         fn(q, kc, vc, bt, cl, qsl, HD**-0.5, window, out=out, max_context_len=256, **scales)
         assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
 
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
+    def test_mixed_step_decodes_run_the_decode_kernel(kind, monkeypatch):
+        """A mixed step: prompts (chunks) first, then one-query decodes. With num_decodes the
+        decodes run the decode kernel (from sequence seq0 of the batch's tables), the rest the
+        prefill kernel; the result is the reference's either way."""
+        torch.manual_seed(10)
+        new, ctx = [20, 7, 1, 1, 1], [20, 30, 45, 9, 60]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind, bs=32)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        calls = []
+        launch = dec.launch_decode
+
+        def spy(q_rows, *args, seq0=0, **kw):
+            calls.append((q_rows.shape[0], seq0))
+            return launch(q_rows, *args, seq0=seq0, **kw)
+
+        monkeypatch.setattr(dec, "launch_decode", spy)
+        fn = dec.make_paged_attention(None)
+        out = torch.full_like(q, float("nan"))
+        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=20, out=out, num_decodes=3, **scales)
+        assert calls == [(3, 2)]
+        assert rel_err(out, ref) < 5e-2
+        calls.clear()  # without the count every row goes through the prefill kernel
+        out2 = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=20, **scales)
+        assert calls == [] and rel_err(out2, ref) < 5e-2
+
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too;
     # gqa: the two q heads of a kv head packed into one tile (8 queries each)
     SMALL_TILES = [

@@ -74,6 +74,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    num_decodes: int = 0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -82,7 +83,8 @@ def paged_attention(
     positions must already be written. GQA: Hq is a multiple of Hkv.
     sliding_window: a query at position i sees keys j with i - sliding_window < j <= i.
     max_query_len / max_context_len: batch metadata GPU kernels use to size their grids (the
-    reference derives what it needs). out: optional [T, Hq, hd] result buffer.
+    reference derives what it needs), as is num_decodes (how many sequences at the end have
+    one query each). out: optional [T, Hq, hd] result buffer.
     k_scale / v_scale: an FP8 KV cache's scales (see write_kv); None for a plain cache.
     Returns [T, Hq, hd] in q.dtype.
     """

@@ -111,7 +111,10 @@ def _split_range(ctx, window, NUM_SPLITS, USE_WINDOW: tl.constexpr, BLOCK_N: tl.
     return first, tl.maximum(part, BLOCK_N)
 
 
-@triton.jit
+# NOTE: seq0 (first sequence of the launch) and NUM_SPLITS are never specialized: one binary
+# for any value, so the decode part of a mixed step (any number of sequences) launches the
+# binaries the decode graphs' dry run compiled ahead of time.
+@triton.jit(do_not_specialize=["seq0", "NUM_SPLITS"])
 def _decode_kernel(
     q_ptr,
     kc_ptr,
@@ -129,6 +132,7 @@ def _decode_kernel(
     HD: tl.constexpr,
     BS: tl.constexpr,
     NUM_SPLITS,
+    seq0,
     sqt,
     sqh,
     sot,
@@ -148,10 +152,10 @@ def _decode_kernel(
     PDL: tl.constexpr = False,
 ):
     pdl_begin(PDL)
-    b = tl.program_id(0)
+    b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + seq0 + b)
     first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N)
     lo = first + sp * part
     end = tl.minimum(lo + part, ctx)
@@ -169,7 +173,7 @@ def _decode_kernel(
         m_i = tl.full([G_PAD], -1.0e30, tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-        bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        bt_row = bt_ptr + (seq0 + b).to(tl.int64) * s_bt
         if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
             scale_log2 = scale_log2 * tl.load(ks_ptr)
             if not IEEE:  # the dots run in fp16 (fp16_query)
@@ -237,7 +241,7 @@ def _decode_kernel(
             )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq0", "NUM_SPLITS"])
 def _decode_reduce_kernel(
     po_ptr,
     pml_ptr,
@@ -246,6 +250,7 @@ def _decode_reduce_kernel(
     window,
     HD,
     NUM_SPLITS,
+    seq0,
     sot,
     soh,
     USE_WINDOW: tl.constexpr,
@@ -257,7 +262,7 @@ def _decode_reduce_kernel(
     pdl_begin(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + seq0 + b)
     first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N)
     n_hi = tl.cdiv(ctx - first, part)  # the splits this sequence used
     d = tl.arange(0, D_PAD)
@@ -298,10 +303,12 @@ def launch_decode(
     params,
     k_scale=None,
     v_scale=None,
+    seq0=0,
 ) -> None:
-    """q: [B, Hq, hd] (one query per sequence, row b = sequence b). `window` <= 0: none.
-    `max_context_len` (an upper bound is fine) sizes the split grid. k_scale / v_scale: an FP8
-    KV cache's scales (float32 []) or None (then the kernel is the plain one)."""
+    """q: [B, Hq, hd] (one query per sequence: row b is sequence seq0 + b of block_tables and
+    context_lens). `window` <= 0: none. `max_context_len` (an upper bound is fine) sizes the
+    split grid. k_scale / v_scale: an FP8 KV cache's scales (float32 []) or None (then the
+    kernel is the plain one)."""
     B, hq, hd = q.shape
     hkv = k_cache.shape[2]
     if B == 0:
@@ -340,6 +347,7 @@ def launch_decode(
         hd,
         k_cache.shape[1],
         num_splits,
+        seq0,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -369,6 +377,7 @@ def launch_decode(
             int(window),
             hd,
             num_splits,
+            seq0,
             out.stride(0),
             out.stride(1),
             USE_WINDOW=use_window,
@@ -452,6 +461,10 @@ def make_decode_attention(tactic: Tactic | None = None):
 def make_paged_attention(tactic: Tactic | None = None):
     dec_params, large_params, pf_params = _split_params(tactic)
 
+    def decode_params(rows: int) -> dict:
+        """The decode tactic for `rows` = sequences x kv heads."""
+        return large_params if rows >= LARGE_BATCH_ROWS else dec_params
+
     def paged_attention(
         q: torch.Tensor,
         k_cache: torch.Tensor,
@@ -467,6 +480,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         out: torch.Tensor | None = None,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        num_decodes: int = 0,
     ) -> torch.Tensor:
         """The reference's contract (q: [T, Hq, hd] packed -> [T, Hq, hd]), plus metadata:
 
@@ -478,6 +492,8 @@ def make_paged_attention(tactic: Tactic | None = None):
         out: optional [T, Hq, hd] output (e.g. a static buffer in a captured graph).
         k_scale / v_scale: an FP8 KV cache's scales (float32 []): the kernels multiply the
             float8_e4m3fn K/V by them on load; None: a plain cache (the kernels are unchanged).
+        num_decodes: the last num_decodes sequences have one query each (a mixed step's
+            decodes, known on the host); with max_query_len > 1 they run the decode kernel.
         """
         out = torch.empty_like(q) if out is None else out
         window = int(sliding_window) if sliding_window else 0
@@ -486,39 +502,28 @@ def make_paged_attention(tactic: Tactic | None = None):
                 return out
             # NOTE: host sync; the runtime passes max_query_len instead.
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-        if max_query_len == 1 and q.shape[0] == context_lens.shape[0]:
-            if max_context_len is None:
-                max_context_len = block_tables.shape[1] * k_cache.shape[1]
+        B, T, hkv = context_lens.shape[0], q.shape[0], k_cache.shape[2]
+        table_len = block_tables.shape[1] * k_cache.shape[1]
+        if max_query_len == 1 and T == B:
             launch_decode(
-                q,
-                k_cache,
-                v_cache,
-                block_tables,
-                context_lens,
-                scale,
-                window,
-                int(max_context_len),
-                out,
-                large_params if q.shape[0] * k_cache.shape[2] >= LARGE_BATCH_ROWS else dec_params,
-                k_scale,
-                v_scale,
-            )
-        else:
-            launch_prefill(
-                q,
-                k_cache,
-                v_cache,
-                block_tables,
-                context_lens,
-                query_start_loc,
-                scale,
-                window,
-                int(max_query_len),
-                out,
-                pf_params,
-                k_scale,
-                v_scale,
-            )
+                q, k_cache, v_cache, block_tables, context_lens, scale, window,
+                int(max_context_len or table_len), out, decode_params(B * hkv), k_scale, v_scale,
+            )  # fmt: skip
+            return out
+        nd = num_decodes if 0 < num_decodes < B else 0
+        # the prefill kernel gives each sequence whole BLOCK_M-query tiles: the trailing
+        # one-query rows of a mixed step go to the decode kernel instead (one launch each)
+        launch_prefill(
+            q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
+            query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
+            pf_params, k_scale, v_scale,
+        )  # fmt: skip
+        if nd:
+            # NOTE: split as the decode graphs do (the table's width): the same binaries
+            launch_decode(
+                q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
+                table_len, out[T - nd :], decode_params(nd * hkv), k_scale, v_scale, seq0=B - nd,
+            )  # fmt: skip
         return out
 
     return paged_attention
