@@ -116,14 +116,16 @@ class _Shapes:
         args, kw = self._paged(batch, 1, ctx, kv_fp8)
         return args, kw | {"max_context_len": self.b.max_seq_len}
 
-    def attention(self, n_q: int, ctx: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def attention(
+        self, n_q: int, ctx: int, kv_fp8: bool = False
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """One sequence: n_q queries (1: the decode kernel's inputs, else the prefill
-        kernel's) ending a context of ctx tokens."""
-        args, _ = self._paged(1, n_q, ctx)
+        kernel's) ending a context of ctx tokens, with the engine's KV cache dtype."""
+        args, kw = self._paged(1, n_q, ctx, kv_fp8)
         # NOTE: each kernel takes only its own bound (a stray kwarg made every candidate fail)
         if n_q == 1:
-            return args, {"max_context_len": self.b.max_seq_len}
-        return args, {"max_query_len": n_q}
+            return args, kw | {"max_context_len": self.b.max_seq_len}
+        return args, kw | {"max_query_len": n_q}
 
     def op(self, name: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         m, d = self.m, self.m.hidden_size
@@ -223,7 +225,7 @@ def timed_choices(
     """Time every candidate on this machine's GPU; one choice per op (per site for GEMMs,
     plain and quantized). skip: plugins the engine does not run (not timed, not returned).
     group_size: the INT4 quantization group of a w4a16_gemm engine. kv_fp8: the engine's KV
-    cache is FP8 (large-batch decode attention is timed with one)."""
+    cache is FP8 (attention is timed with one)."""
     from ingot.plugins.attention.triton_decode import (
         DECODE_TACTICS,
         LARGE_BATCH_ROWS,
@@ -256,7 +258,7 @@ def timed_choices(
             ctx: time_tactics(
                 "paged_attention",
                 DECODE_TACTICS,
-                lambda ctx=ctx: shapes.attention(1, ctx),
+                lambda ctx=ctx: shapes.attention(1, ctx, kv_fp8),
                 factory=make_decode_attention,
             )
             for ctx in sorted({min(256, build.max_seq_len), min(2048, build.max_seq_len)})
@@ -265,7 +267,7 @@ def timed_choices(
         pf, r2 = best(
             "paged_attention",
             PREFILL_TACTICS,
-            lambda: shapes.attention(n_pf, n_pf),
+            lambda: shapes.attention(n_pf, n_pf, kv_fp8),
             make_prefill_attention,
         )
         large, r3 = large_batch_decode()

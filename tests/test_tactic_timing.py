@@ -14,6 +14,7 @@ from model_shapes import LLAMA_3_1_8B
 from ingot.compiler.tactic_select import _Shapes, pick_over_contexts
 from ingot.plugins import tactics
 from ingot.plugins.attention import triton_decode as dec
+from ingot.plugins.attention.layout import is_transposed
 from ingot.plugins.attention.triton_decode import make_decode_attention
 from ingot.plugins.attention.triton_prefill import make_prefill_attention
 from ingot.plugins.tactics import Tactic, time_tactics
@@ -22,11 +23,16 @@ from ingot.runtime.config import BuildConfig
 BUILD = BuildConfig(max_batch_size=8, max_seq_len=256, max_num_tokens=64, tokens_per_block=16)
 
 
+@pytest.mark.parametrize("kv_fp8", [False, True])
 @pytest.mark.parametrize("n_q,factory", [(1, make_decode_attention), (64, make_prefill_attention)])
-def test_attention_timing_inputs_bind_to_the_kernel(n_q, factory):
-    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").attention(n_q, 128)
+def test_attention_timing_inputs_bind_to_the_kernel(n_q, factory, kv_fp8):
+    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").attention(n_q, 128, kv_fp8)
     inspect.signature(factory(None)).bind(*args, **kwargs)  # TypeError on a stray keyword
     assert args[0].shape == (n_q, LLAMA_3_1_8B.num_heads, LLAMA_3_1_8B.head_dim)
+    # an FP8-KV engine's attention is timed on an FP8 cache in the pool's layout
+    kc, vc = args[1:3]
+    assert (kc.dtype == vc.dtype == torch.float8_e4m3fn) == kv_fp8 == ("v_scale" in kwargs)
+    assert is_transposed(vc) == kv_fp8
 
 
 @pytest.mark.parametrize("kv_fp8", [False, True])
