@@ -78,3 +78,35 @@ def test_pdl_needs_an_sm90_target():
     with pytest.raises(ConfigError, match="pdl needs an sm_90"):
         BuildConfig(target="sm_80", pdl=True)
     assert BuildConfig(target="sm_90", pdl=True).pdl
+
+
+def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
+    """A mixed step's decodes launch the decode kernel from sequence seq0 > 0 of the batch; the
+    binary must be one the decode graphs' dry run compiles anyway (seq0 and NUM_SPLITS are not
+    specialized), or a mixed step would compile at run time."""
+    from triton.compiler import make_backend
+
+    from ingot.compiler import kernel_bundle
+    from ingot.plugins import aot
+
+    b = BuildConfig(max_batch_size=64, max_seq_len=2048, tokens_per_block=32, target="sm_90")
+    backend = make_backend(aot.parse_target("sm_90"))
+    fn = dec._decode_kernel
+
+    def binaries(specs) -> set:
+        out = set()
+        for s in specs:
+            if s.fn.endswith((":_decode_kernel", ":_decode_reduce_kernel")):
+                _, src, options = aot._replay(s, backend)
+                out.add((s.fn, src.hash(), options.hash()))
+        return out
+
+    every = _launches(b)
+    mixed = [s for s in every if s.fn.endswith(":_decode_kernel") and _constexpr(s, fn, "seq0")]
+    assert mixed  # the dry run's chunk-beside-a-decode batches ran the decode kernel
+    monkeypatch.setattr(kernel_bundle, "PREFILL_TOKENS", ())  # no eager prefill batches
+    graphs_only = _launches(b)
+    assert not any(
+        s.fn.endswith(":_decode_kernel") and _constexpr(s, fn, "seq0") for s in graphs_only
+    )
+    assert binaries(mixed) <= binaries(graphs_only)
