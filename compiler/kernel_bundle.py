@@ -91,6 +91,8 @@ def engine_launches(
         if t <= build.max_num_tokens:
             batches.append(([t], t, None))  # one prompt
             batches.append(([t, 1], t + 1, None))  # a chunk beside a decode
+    if build.max_batch_size > 2:  # a chunk beside many decodes (their own decode launch)
+        batches.append(([16] + [1] * (build.max_batch_size - 1), build.max_seq_len, None))
     for b in prefill_buckets(build.max_num_tokens):
         batches.append(([1, b - 1], table_tokens, b))  # a captured prefill graph (+ padding)
     with recorded_launches() as specs:

@@ -23,10 +23,11 @@ def _constexpr(spec, fn, name: str):
     return spec.args[fn.arg_names.index(name)]
 
 
-def _launches(b: BuildConfig, m=LLAMA_3_1_8B) -> list:
+def _launches(b: BuildConfig, m=LLAMA_3_1_8B, choices=None) -> list:
     shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
-    return engine_launches(m, QuantConfig(), b, tuple(default_choices("sm_90", m)), shapes)
+    choices = tuple(default_choices("sm_90", m)) if choices is None else choices
+    return engine_launches(m, QuantConfig(), b, choices, shapes)
 
 
 def test_dry_run_records_every_decode_split_plan():
@@ -83,30 +84,50 @@ def test_pdl_needs_an_sm90_target():
 def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
     """A mixed step's decodes launch the decode kernel from sequence seq0 > 0 of the batch; the
     binary must be one the decode graphs' dry run compiles anyway (seq0 and NUM_SPLITS are not
-    specialized), or a mixed step would compile at run time."""
+    specialized), or a mixed step with a decode count the dry run never saw would compile at
+    run time. With a large-batch decode tactic too (a timed build's choice)."""
+    from dataclasses import replace
+
     from triton.compiler import make_backend
 
     from ingot.compiler import kernel_bundle
     from ingot.plugins import aot
+    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
 
+    m = LLAMA_3_1_8B
     b = BuildConfig(max_batch_size=64, max_seq_len=2048, tokens_per_block=32, target="sm_90")
+    t = dec.combine_tactics(dec.DECODE_TACTICS[0], PREFILL_TACTICS[0], dec.DECODE_TACTICS[-2])
+    choices = tuple(
+        replace(c, tactic=t.name, params=t.as_dict()) if c.name == "paged_attention" else c
+        for c in default_choices("sm_90", m)
+    )
     backend = make_backend(aot.parse_target("sm_90"))
-    fn = dec._decode_kernel
+
+    kernels = {
+        ":_decode_kernel": dec._decode_kernel,
+        ":_decode_reduce_kernel": dec._decode_reduce_kernel,
+    }
+
+    def decode_specs(seq0: bool) -> list:
+        """The dry run's decode (and reduce) launches from sequence 0, or from a later one."""
+        specs = _launches(b, m, choices)
+        return [
+            s for s in specs for end, kernel in kernels.items()
+            if s.fn.endswith(end) and bool(_constexpr(s, kernel, "seq0")) == seq0
+        ]  # fmt: skip
 
     def binaries(specs) -> set:
-        out = set()
-        for s in specs:
-            if s.fn.endswith((":_decode_kernel", ":_decode_reduce_kernel")):
-                _, src, options = aot._replay(s, backend)
-                out.add((s.fn, src.hash(), options.hash()))
-        return out
+        return {
+            (s.fn, src.hash(), options.hash())
+            for s in specs
+            for _, src, options in [aot._replay(s, backend)]
+        }
 
-    every = _launches(b)
-    mixed = [s for s in every if s.fn.endswith(":_decode_kernel") and _constexpr(s, fn, "seq0")]
-    assert mixed  # the dry run's chunk-beside-a-decode batches ran the decode kernel
-    monkeypatch.setattr(kernel_bundle, "PREFILL_TOKENS", ())  # no eager prefill batches
-    graphs_only = _launches(b)
-    assert not any(
-        s.fn.endswith(":_decode_kernel") and _constexpr(s, fn, "seq0") for s in graphs_only
-    )
-    assert binaries(mixed) <= binaries(graphs_only)
+    mixed = decode_specs(seq0=True)
+    # beside one decode (small-batch tactic) and beside 63 (large-batch tactic: 1-warp programs)
+    warps = {dict(s.options)["num_warps"] for s in mixed if s.fn.endswith(":_decode_kernel")}
+    assert warps == {4, 1}
+    # without the split only the decode graphs' batches launch the decode kernels
+    monkeypatch.setattr(kernel_bundle, "trailing_decodes", lambda lens: 0)
+    assert decode_specs(seq0=True) == []
+    assert binaries(mixed) <= binaries(decode_specs(seq0=False))
