@@ -113,8 +113,9 @@ def build_kernel_bundle(
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
     host_stubs_from: str | None = None,
 ) -> tuple[bytes, int]:
-    """(bundle blob, number of kernels) compiled for build.target."""
-    from ingot.plugins.aot import compile_bundle
+    """(bundle blob, number of kernel binaries in it) compiled for build.target."""
+    from ingot.plugins.aot import bundle_manifest, compile_bundle
 
     specs = engine_launches(model, quant, build, plugins, shapes)
-    return compile_bundle(specs, build.target, host_stubs_from=host_stubs_from), len(specs)
+    blob = compile_bundle(specs, build.target, host_stubs_from=host_stubs_from)
+    return blob, len(bundle_manifest(blob)["kernels"])

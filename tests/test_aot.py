@@ -76,6 +76,21 @@ def test_counter_counts_compiles_not_cache_hits(tmp_path: Path) -> None:
     assert (second.kernels, second.cache_hits) == (0, 2)
 
 
+def test_one_binary_per_jit_class(tmp_path: Path) -> None:
+    """Specs that differ only by int values the JIT puts in one class (17 and 33: neither 1 nor
+    a multiple of 16) are one binary: compiled and packed once. 32 is another class."""
+    f32 = aot.tensor(torch.float32)
+    add = aot_selftest.add_kernel
+    specs = [
+        aot.KernelSpec.of(add, f32, f32, f32, n, BLOCK=1024, num_warps=4) for n in (17, 33, 32)
+    ]
+    with aot.use_cache_dir(tmp_path), aot.CompileCounter() as counter:
+        blob = aot.compile_bundle(specs, "sm_90")
+    kernels = aot.bundle_manifest(blob)["kernels"]
+    assert counter.kernels == len(kernels) == 2
+    assert [k["spec"]["args"][3] for k in kernels] == [17, 32]
+
+
 @pytest.mark.skipif(
     shutil.which("gcc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists(),
     reason="no C compiler or Python headers",
