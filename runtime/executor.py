@@ -251,7 +251,7 @@ class Executor:
         """One eager step from its arrays (distributed.PLAN_KEYS) -> (logits of each prompt
         range, float32 logits [R, V] of the sampling rows). tp: every rank calls it with the
         same (broadcast) arrays; the collectives are inside."""
-        qsl = arrays["query_start_loc"]
+        q_lens = np.diff(arrays["query_start_loc"])
         d = self._inputs.put({k: arrays[k] for k in _DEVICE_INPUTS})
         meta = AttnMetadata(
             slot_mapping=d["slot_mapping"],
@@ -259,8 +259,8 @@ class Executor:
             context_lens=d["context_lens"],
             query_start_loc=d["query_start_loc"],
             max_context_len=int(np.max(arrays["context_lens"])),
-            max_query_len=int(np.max(np.diff(qsl))),
-            num_decodes=trailing_decodes(np.diff(qsl).tolist()),
+            max_query_len=int(np.max(q_lens)),
+            num_decodes=trailing_decodes(q_lens),
         )
         hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv)
         prompt = [

@@ -37,13 +37,12 @@ class AttnMetadata:
 
 
 def trailing_decodes(query_lens) -> int:
-    """How many sequences at the end of a step have exactly one query (AttnMetadata)."""
-    n = 0
-    for q_len in reversed(list(query_lens)):
-        if q_len != 1:
-            break
-        n += 1
-    return n
+    """How many sequences at the end of a step have exactly one query (AttnMetadata).
+    query_lens: a sequence (list or 1-D array)."""
+    n = len(query_lens)
+    while n and query_lens[n - 1] == 1:
+        n -= 1
+    return len(query_lens) - n
 
 
 class Ops:

@@ -190,23 +190,9 @@ def _decode_kernel(
             # are applied outside the loop
             k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
             v = load_v(
-                vc_ptr,
-                base,
-                off,
-                kv_mask,
-                bt_row,
-                n0,
-                end,
-                tv,
-                kvh,
-                d,
-                dm,
-                s_blk,
-                HD,
-                BS,
-                V_T,
-                BLOCK_N,
-            )
+                vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk,
+                HD, BS, V_T, BLOCK_N,
+            )  # fmt: skip
             # NOTE: float32 engines must not round to TF32 (they are checked token for token).
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
