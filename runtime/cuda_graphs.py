@@ -121,7 +121,7 @@ class DecodeGraphs:
 
     def _run(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.decoder.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv)
-        logits = self.decoder.logits(hidden)
+        logits = self.decoder.step_logits(hidden)
         return logits, greedy_tokens(logits)
 
     def _pad_rows(self, start: int, stop: int | None = None) -> None:
@@ -145,7 +145,7 @@ class DecodeGraphs:
         return num_seqs <= self.buckets[-1]
 
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """plan: a decode-only StepPlan of B sequences -> (float32 logits [B, V], argmax [B]),
+        """plan: a decode-only StepPlan of B sequences -> (logits [B, V], argmax [B]),
         views valid until the next run."""
         b = plan.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
@@ -225,7 +225,7 @@ class PrefillGraphs:
             slots[:bucket], tables, ctx, qsl, tables.shape[1] * self.kv.tokens_per_block, bucket
         )
         hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv)
-        logits = self.decoder.logits(hidden.index_select(0, last))
+        logits = self.decoder.step_logits(hidden.index_select(0, last))
         return logits, greedy_tokens(logits)
 
     def _fill_dummy(self, bucket: int) -> None:
@@ -254,7 +254,7 @@ class PrefillGraphs:
         )
 
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """A one-sequence prefill plan -> (float32 logits [1, V], argmax [1])."""
+        """A one-sequence prefill plan -> (logits [1, V], argmax [1])."""
         t = plan.num_tokens
         bucket = next(x for x in self.buckets if x >= t)
         self._fill(

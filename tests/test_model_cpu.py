@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -35,20 +37,19 @@ def _meta_for_prefill(lengths: list[int], bs: int, blocks_per_seq: int) -> AttnM
     )
 
 
+def _tiny_decoder(tmp_path, family: str, seed: int, dtype: str) -> tuple[Path, Decoder]:
+    """(the HF model's dir, a CPU engine's decoder of it)."""
+    hf = make_tiny_hf_model(family, tmp_path / "hf", seed=seed)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype=dtype)
+    overrides = {"max_seq_len": 128, "tokens_per_block": 16}
+    eng = load_engine(build_engine(ckpt, tmp_path / "eng", target="cpu", overrides=overrides))
+    return hf, Decoder(eng.config.model, eng.weights(), Ops(eng.config))
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_prefill_logits_match_transformers(tmp_path, family):
-    hf = make_tiny_hf_model(family, tmp_path / "hf", seed=4)
-    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
-    eng = load_engine(
-        build_engine(
-            ckpt,
-            tmp_path / "eng",
-            target="cpu",
-            overrides={"max_seq_len": 128, "tokens_per_block": 16},
-        )
-    )
-    m = eng.config.model
-    dec = Decoder(m, eng.weights(), Ops(eng.config))
+    hf, dec = _tiny_decoder(tmp_path, family, 4, "float32")
+    m = dec.cfg
     kv = KVCache(
         m, num_blocks=16, tokens_per_block=16, dtype=torch.float32, device=torch.device("cpu")
     )
@@ -62,6 +63,19 @@ def test_prefill_logits_match_transformers(tmp_path, family):
     with torch.no_grad():
         ref = torch.cat([ref_model(x[None]).logits[0] for x in ids])
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_step_logits_stay_in_the_model_dtype(tmp_path):
+    """Sampling reads step_logits (no float32 copy of a [B, V] tensor per step); `logits` is
+    the same values widened."""
+    _, dec = _tiny_decoder(tmp_path, "llama", 5, "bfloat16")
+    m = dec.cfg
+    hidden = torch.randn(3, m.hidden_size, dtype=torch.bfloat16)
+    raw = dec.step_logits(hidden)
+    assert raw.dtype == torch.bfloat16 and raw.shape == (3, m.vocab_size)
+    wide = dec.logits(hidden)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, raw.float())
 
 
 def _naive_attention(q, k, v, scale, window=None):

@@ -27,6 +27,19 @@ def test_greedy_tokens_ties_take_the_first_index():
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_tokens_of_half_logits_equal_those_of_the_widened_logits(dtype):
+    """Sampling reads the lm_head's output in the model dtype (Decoder.step_logits); rounding
+    to 8 mantissa bits makes ties common, and the first index must still win, as it does on
+    the float32 logits the engine used to sample from."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 128256, generator=g) * 4).to(dtype)
+    logits[0, [11, 128000]] = logits[0].max() + 1  # a tie across chunks
+    wide = logits.float()
+    assert torch.equal(greedy_tokens(logits), wide.argmax(dim=-1))
+    assert greedy_tokens(logits)[0] == 11
+
+
 def test_argmax_chunks():
     assert _argmax_chunks(128256) == 256  # 256 x 501
     assert _argmax_chunks(151936) == 128
