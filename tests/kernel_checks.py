@@ -18,6 +18,18 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype == f8 and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def fp8_hard_values() -> torch.Tensor:
+    """Every finite fp8 value, the midpoints between neighbours (ties) and their fp32
+    neighbours, subnormals, values past 448, and plain random data (float32, on the CPU)."""
+    f8 = torch.float8_e4m3fn
+    grid = torch.arange(256, dtype=torch.uint8).view(f8).float()
+    grid = grid[~grid.isnan()].unique().sort().values
+    mids = (grid[1:] + grid[:-1]) / 2
+    up, down = mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9))
+    rnd = torch.cat([torch.randn(500) * 100, torch.randn(300) * 1e-3, torch.randn(200) * 1e3])
+    return torch.cat([grid, mids, up, down, rnd, torch.tensor([-0.0, 0.0, 500.0, -1e6])])
+
+
 def rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, scales, cache_shape):
     """RoPE fused with the FP8 KV write against RoPE then the FP8 KV write (the GPU kernels):
     asserts equal q and equal cache bits; returns (rotated q, k cache, v cache) of the fused."""

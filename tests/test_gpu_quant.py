@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import rel_err, rope_fp8_write_fused_vs_unfused, same_bits
+from kernel_checks import fp8_hard_values, rel_err, rope_fp8_write_fused_vs_unfused, same_bits
 
 from ingot.plugins.attention import reference as attn_ref
 from ingot.plugins.attention import triton_decode as dec
@@ -62,6 +62,21 @@ def test_quantize_fp8_bit_exact(dtype):
     for tactic in tq.QUANTIZE_TACTICS:
         out = torch.zeros_like(x, dtype=F8)
         assert same_bits(tq.quantize_fp8(x, s, out=out, tactic=tactic), ref), tactic.name
+
+
+@needs_fp8
+@pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.float16])
+@pytest.mark.parametrize("scale", [1.0, 0.37, 3.5])
+def test_quantize_fp8_rounding_boundaries_bit_exact(dtype, scale):
+    """The GPU kernels round with the hardware cast (cvt.rn.satfinite): ties to even, the fp32
+    neighbours of every tie, subnormals and saturation as the reference (torch's cast)."""
+    torch.manual_seed(0)
+    v = fp8_hard_values()
+    x = v[: v.numel() // 101 * 101].to(DEV, dtype).reshape(-1, 101)  # odd row length
+    s = torch.tensor(scale, device=DEV)
+    ref = qref.quantize_fp8(x, s)
+    for tactic in tq.QUANTIZE_TACTICS:
+        assert same_bits(tq.quantize_fp8(x, s, tactic=tactic), ref), tactic.name
 
 
 @needs_fp8

@@ -34,7 +34,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
-    from kernel_checks import rel_err, rope_fp8_write_fused_vs_unfused, same_bits
+    from kernel_checks import fp8_hard_values, rel_err, rope_fp8_write_fused_vs_unfused, same_bits
 
     from ingot.plugins import pdl
     from ingot.plugins.attention import reference as attn_ref
@@ -53,21 +53,11 @@ else:
 
     # ------------------------------------------------------------------ FP8 quantize and GEMM
 
-    def _hard_values() -> torch.Tensor:
-        """Every finite fp8 value, the midpoints between neighbours (ties) and their fp32
-        neighbours, subnormals, values past 448, and plain random data."""
-        grid = torch.arange(256, dtype=torch.uint8).view(F8).float()
-        grid = grid[~grid.isnan()].unique().sort().values
-        mids = (grid[1:] + grid[:-1]) / 2
-        up, down = mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9))
-        rnd = torch.cat([torch.randn(500) * 100, torch.randn(300) * 1e-3, torch.randn(200) * 1e3])
-        return torch.cat([grid, mids, up, down, rnd, torch.tensor([-0.0, 0.0, 500.0, -1e6])])
-
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
     @pytest.mark.parametrize("scale", [1.0, 0.37, 3.5])
     def test_quantize_fp8_bit_exact(dtype, scale):
         torch.manual_seed(0)
-        v = _hard_values()
+        v = fp8_hard_values()
         x = v[: v.numel() // 101 * 101].to(dtype).reshape(-1, 101)  # odd row length
         s = torch.tensor(scale)
         for tactic in tq.QUANTIZE_TACTICS:

@@ -3,9 +3,10 @@ fused into the op before a FP8 GEMM (RMSNorm, add + RMSNorm, SwiGLU).
 
 Every kernel reproduces `reference.quantize_fp8` bit for bit: the division is IEEE (`div_rn`,
 not Triton's approximate `/`), the value is clamped to +-448, then rounded to nearest-even on
-the e4m3 grid by `fp8_e4m3_rne` before the cast. On the GPU the cast (cvt.rn.satfinite) would
-round the same way; doing it explicitly keeps the CPU interpreter (whose float8 cast truncates)
-exact too. The fused variants first round their result to the activation dtype, as the unfused
+the e4m3 grid. On the GPU the cast does that rounding (sm_89+: `cvt.rn.satfinite.e4m3x2.f32`,
+two values per instruction); Triton's interpreter casts by truncation, so there the value is
+first rounded on the grid in software (`fp8_e4m3_rne`, ~15 instructions a value, which the GPU
+kernels ran too until the quantizing kernels were timed at a decode step of batch 512). The fused variants first round their result to the activation dtype, as the unfused
 op would before the GEMM quantized it, so fused and unfused engines quantize the same values.
 
 The fused variants are the `rms_norm_quant_fp8` and `swiglu_quant_fp8` plugins an FP8 engine's
@@ -15,6 +16,8 @@ decoder runs before its GEMMs; the FP8 GEMM takes their output through
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +26,8 @@ from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 
 FP8_MAX = 448.0
+# the interpreter's float8 cast truncates (see the module docstring)
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 QUANTIZE_TACTICS: tuple[Tactic, ...] = (
     Tactic("b1024_w4", (("block", 1024), ("num_warps", 4))),
@@ -52,7 +57,9 @@ def quant_fp8(y, scale):
     """fp32 y / scale saturated to float8_e4m3fn (the reference's `quantize_fp8`)."""
     q = tl.math.div_rn(y, scale)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    return fp8_e4m3_rne(q).to(tl.float8e4nv)
+    if _INTERPRET:
+        q = fp8_e4m3_rne(q)
+    return q.to(tl.float8e4nv)
 
 
 @triton.jit
