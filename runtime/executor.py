@@ -28,6 +28,13 @@ from .types import FinishReason, Request, SamplingParams
 _DEVICE_INPUTS = tuple(k for k in PLAN_KEYS if k != "prompt_ranges")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# Where a step's wall time goes on the host: planning it; running it (a graph replay returns at
+# once, an eager step returns once its kernels are queued); reading its tokens back (waits for
+# the GPU; sampling); bookkeeping (finish checks, callbacks, the scheduler's update). All but
+# the GPU wait inside "readback" is time the GPU sits idle between steps, unless the launch
+# queue is still ahead of it.
+STEP_PHASES = ("schedule", "launch", "readback", "update")
+
 # Called after each step with (request, new token id); text-level stop checks live above this.
 TokenCallback = Callable[[Request, int], None]
 StopCheck = Callable[[Request], bool]
@@ -145,6 +152,8 @@ class Executor:
         self._samplers: dict[int, RequestSampler] = {}
         self._argmax_ids: set[int] = set()  # requests whose token is the plain argmax
         self._ids = itertools.count()
+        # host seconds of the last step by STEP_PHASES (benchmarks sum them by kind of step)
+        self.step_phases = (0.0, 0.0, 0.0, 0.0)
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         """Queue a request. An invalid one comes back finished as REJECTED with `error` set;
@@ -180,6 +189,7 @@ class Executor:
         self, on_token: TokenCallback | None = None, stop_check: StopCheck | None = None
     ) -> list[Request]:
         """Run one scheduler step; returns the requests that finished in it."""
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.num_seqs == 0:
             if self.scheduler.has_unfinished():
@@ -187,13 +197,16 @@ class Executor:
             return []
         samples = np.asarray(plan.samples).astype(bool)
         rows = np.nonzero(samples)[0]
-        logits, argmax = self._logits(plan, rows)
-        new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
-        finish = np.zeros(plan.num_seqs, dtype=np.int8)
         reqs = [self.requests[i] for i in np.asarray(plan.seq_ids)[rows].tolist()]
+        t1 = time.perf_counter()
+        logits, argmax = self._logits(plan, rows)
+        t2 = time.perf_counter()
         # NOTE: per-row Python kept to appends and set lookups (scripts/bench_host_step.py:
         # at batch 256 the host work of a step fell from 121 to ~60 us on the CPU dev machine)
         toks = self._sample(reqs, logits, argmax)
+        t3 = time.perf_counter()
+        new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
+        finish = np.zeros(plan.num_seqs, dtype=np.int8)
         new_tokens[rows] = toks
         for req, tok in zip(reqs, toks, strict=True):
             req.output_ids.append(tok)
@@ -213,11 +226,13 @@ class Executor:
             req.finish_reason = FinishReason(reason)
             self._forget(rid)
             done.append(req)
+        self.step_phases = (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         return done
 
     def _logits(self, plan, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the step: float32 logits [len(rows), V] (on the device) of the sampling rows,
-        and their argmax when a captured graph already computed it."""
+        """Run the step: logits [len(rows), V] (on the device, in the lm_head's output dtype:
+        `Decoder.step_logits`) of the sampling rows, and their argmax when a captured graph
+        already computed it."""
         if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
             return self.graphs.run(plan)  # decode: every row samples
         pg = self.prefill_graphs
@@ -248,9 +263,9 @@ class Executor:
         return any(self.requests[int(i)].params.return_prompt_logits for i in seq_ids)
 
     def run_plan(self, arrays: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """One eager step from its arrays (distributed.PLAN_KEYS) -> (logits of each prompt
-        range, float32 logits [R, V] of the sampling rows). tp: every rank calls it with the
-        same (broadcast) arrays; the collectives are inside."""
+        """One eager step from its arrays (distributed.PLAN_KEYS) -> (float32 logits of each
+        prompt range, logits [R, V] of the sampling rows in the lm_head's output dtype). tp:
+        every rank calls it with the same (broadcast) arrays; the collectives are inside."""
         q_lens = np.diff(arrays["query_start_loc"])
         d = self._inputs.put({k: arrays[k] for k in _DEVICE_INPUTS})
         meta = AttnMetadata(
@@ -266,7 +281,7 @@ class Executor:
         prompt = [
             self.decoder.logits(hidden[s : s + n]) for s, n in arrays["prompt_ranges"].tolist()
         ]
-        return prompt, self.decoder.logits(hidden[d["last"].long()])
+        return prompt, self.decoder.step_logits(hidden[d["last"].long()])
 
     def follow(self, on_step: Callable[[int], None] | None = None) -> None:
         """tp ranks > 0: run rank 0's broadcast steps until it sends "stop".

@@ -108,6 +108,13 @@ def _check_figures(m: dict, point: dict, system: str) -> None:
         hits = m["prefix_cache"]["hit_tokens"]
         assert computed == m["input_tokens"] + m["output_tokens"] - n - hits
         assert mix["prefill"]["steps"] + mix["mixed"]["steps"] > 0
+        # the executor's host phases of a step fit inside its wall time
+        for k in mix.values():
+            if k["steps"]:
+                ph = k["phase_mean_ms"]
+                assert all(v >= 0 for v in ph.values())
+                inside = sum(v for p, v in ph.items() if p != "between")
+                assert 0 < inside <= k["mean_ms"] * (1 + 1e-6)
     else:
         assert m["kv_cache"] is None and m["prefix_cache"] is None
 

@@ -99,6 +99,7 @@ class IngotDriver:
             traces[index[req.request_id]].token_times.append(time.perf_counter() - t0)
 
         in_flight = 0
+        last_end = time.perf_counter()
         while order or ex.has_unfinished():
             now = time.perf_counter() - t0
             while order and w.arrivals[order[0]] <= now:
@@ -116,14 +117,17 @@ class IngotDriver:
                     traces[i].arrival = max(traces[i].arrival, time.perf_counter() - t0)
             if not ex.has_unfinished():
                 time.sleep(max(0.0, w.arrivals[order[0]] - (time.perf_counter() - t0)))
+                last_end = time.perf_counter()  # idle waiting for arrivals is not host work
                 continue
             t = time.perf_counter()
+            between = t - last_end  # the driver's own work since the last step
             done = ex.step(on_token)
-            dt = time.perf_counter() - t
+            last_end = time.perf_counter()
+            dt = last_end - t
             num_seqs, num_prefill, ctx, tokens = self._plan
             if num_seqs and not num_prefill:
                 steps.append(DecodeStep(dt, num_seqs, ctx))
-            mix.add(dt, num_seqs, num_prefill, tokens)
+            mix.add(dt, num_seqs, num_prefill, tokens, (*ex.step_phases, between))
             s = ex.scheduler.stats()
             used.append(s["used_blocks"])
             util.append(s["kv_utilization"])

@@ -30,14 +30,26 @@ class Trace:
 
 class StepMix:
     """Where a run's step time went, by kind of step: decode-only, prefill-only, and mixed
-    (prefill chunks beside decodes). Per kind: steps, seconds, tokens computed, sequences."""
+    (prefill chunks beside decodes). Per kind: steps, seconds, tokens computed, sequences, and
+    the mean host milliseconds of each executor phase (`Executor.STEP_PHASES`) plus the
+    driver's own time before the step ("between": arrivals, statistics)."""
 
     KINDS = ("decode", "prefill", "mixed")
+    PHASES = ("schedule", "launch", "readback", "update", "between")
 
     def __init__(self) -> None:
         self._sums = {k: [0, 0.0, 0, 0] for k in self.KINDS}
+        self._phases = {k: [0.0] * len(self.PHASES) for k in self.KINDS}
 
-    def add(self, seconds: float, num_seqs: int, num_prefill: int, tokens: int) -> None:
+    def add(
+        self,
+        seconds: float,
+        num_seqs: int,
+        num_prefill: int,
+        tokens: int,
+        phases: tuple[float, ...] = (),
+    ) -> None:
+        """phases: seconds by PHASES (a prefix of them, or none)."""
         if not num_seqs:
             return
         kind = "decode" if num_prefill == 0 else "prefill" if num_prefill == num_seqs else "mixed"
@@ -46,18 +58,25 @@ class StepMix:
         row[1] += seconds
         row[2] += tokens
         row[3] += num_seqs
+        acc = self._phases[kind]
+        for i, sec in enumerate(phases):
+            acc[i] += sec
 
     def to_dict(self) -> dict:
-        return {
-            kind: {
+        out = {}
+        for kind, (n, sec, tok, seqs) in self._sums.items():
+            out[kind] = {
                 "steps": n,
                 "seconds": sec,
                 "tokens": tok,
                 "mean_seqs": seqs / n if n else None,
                 "mean_ms": 1e3 * sec / n if n else None,
+                "phase_mean_ms": {
+                    p: 1e3 * v / n if n else None
+                    for p, v in zip(self.PHASES, self._phases[kind], strict=True)
+                },
             }
-            for kind, (n, sec, tok, seqs) in self._sums.items()
-        }
+        return out
 
 
 @dataclass
