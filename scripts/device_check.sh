@@ -11,6 +11,7 @@
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
 #   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json)               ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
+#   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 #   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
@@ -67,6 +68,10 @@ for stage in "${@:-tests}"; do
       timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
       tail -8 "$OUT/batch_decode.log" ;;
+    step)
+      timeout 150 python3 scripts/bench_step_kernels.py --out "$OUT/step_kernels.json" \
+        > "$OUT/step_kernels.log" 2>&1 || rc=1
+      tail -14 "$OUT/step_kernels.log" ;;
     l2)
       timeout 200 python3 scripts/bench_l2_prefetch.py --out "$OUT/l2_prefetch.json" \
         > "$OUT/l2_prefetch.log" 2>&1 || rc=1
@@ -81,7 +86,7 @@ for stage in "${@:-tests}"; do
       timeout "${QUANT_TIMEOUT:-540}" bash scripts/bench_quant.sh "$OUT/quant" \
         > "$OUT/quant.log" 2>&1 || rc=1
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|batch|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|batch|step|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc

@@ -1,0 +1,126 @@
+"""The small kernels of an FP8 engine's step at throughput batch sizes, every tactic timed.
+
+At 128 in / 128 out the decode steps run at batch ~500 and the mixed steps at ~8,700 tokens;
+there the norms, SwiGLU, RoPE + KV write and activation quantization took ~13% of the GPU time
+(docs/bench/profile-fp8-128-128.json). Per kernel and token count: each tactic's median
+microseconds (L2 flushed between calls), the bytes it must move and the fraction of the
+measured copy bandwidth. Also the logits read-out of a decode step: sampling from the lm_head's
+bf16 output against widening it to float32 first (what the engine did until Decoder.step_logits).
+
+    python3 scripts/bench_step_kernels.py --out step_kernels.json      # on the H200, ~30 s
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_kernels import BF16, DEV, HD, HKV, HQ, INTER, VOCAB, D, bench_cli, fixed, record  # noqa: E402
+
+from ingot.plugins.attention.layout import v_like  # noqa: E402
+from ingot.plugins.quant import triton_quantize as tq  # noqa: E402
+from ingot.plugins.rope import reference as rope_ref  # noqa: E402
+from ingot.plugins.rope import triton_kernels as rope  # noqa: E402
+from ingot.plugins.tactics import time_tactics  # noqa: E402
+from ingot.runtime.sampler import greedy_tokens  # noqa: E402
+
+F8 = torch.float8_e4m3fn
+TOKENS = (512, 8192)
+BS = 32  # the throughput engines' tokens_per_block
+
+
+def bench_quantizing(rows, bw, reps) -> None:
+    s = torch.tensor(0.05, device=DEV)
+    w = torch.randn(D, device=DEV, dtype=BF16)
+    for T in TOKENS:
+        x, r = (torch.randn(T, D, device=DEV, dtype=BF16) for _ in range(2))
+        t = time_tactics(
+            "rms_norm_quant_fp8", tq.QUANTIZE_TACTICS, fixed((x, w, 1e-5, s, r), {}), reps
+        )
+        # reads x and the residual, writes the new residual (bf16) and the fp8 activations
+        record(rows, "add_rms_norm_quant", f"T={T} D={D}", t, T * D * (3 * 2 + 1), bw=bw)
+        gu = torch.randn(T, 2 * INTER, device=DEV, dtype=BF16)
+        t = time_tactics("swiglu_quant_fp8", tq.QUANTIZE_TACTICS, fixed((gu, s), {}), reps)
+        record(rows, "swiglu_quant", f"T={T} I={INTER}", t, T * INTER * (2 * 2 + 1), bw=bw)
+        o = torch.randn(T, D, device=DEV, dtype=BF16)
+        t = time_tactics(
+            "quantize",
+            tq.QUANTIZE_TACTICS,
+            fixed((o, s), {}),
+            reps,
+            factory=lambda tac: functools.partial(tq.quantize_fp8, tactic=tac),
+        )
+        record(rows, "quantize (attn out)", f"T={T} D={D}", t, T * D * (2 + 1), bw=bw)
+
+
+def bench_rope_fp8_kv(rows, bw, reps) -> None:
+    cos, sin = (
+        c.to(DEV)
+        for c in rope_ref.cos_sin_cache(rope_ref.inv_freq(HD, 500000.0, "llama3", 8.0), 8192)
+    )
+    ks, vs = torch.tensor(0.1, device=DEV), torch.tensor(0.1, device=DEV)
+    for T in TOKENS:
+        qkv = torch.randn(T, (HQ + 2 * HKV) * HD, device=DEV, dtype=BF16)
+        q = qkv[:, : HQ * HD].view(T, HQ, HD)
+        k = qkv[:, HQ * HD : (HQ + HKV) * HD].view(T, HKV, HD)
+        v = qkv[:, (HQ + HKV) * HD :].view(T, HKV, HD)
+        pos = torch.randint(0, 8192, (T,), device=DEV)
+        nb = T // BS + 1024
+        kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
+        vc = v_like(kc)  # the FP8 pool's layout: V transposed per block
+        slots = torch.randperm(nb * BS, device=DEV)[:T].int()
+        t = time_tactics(
+            "rope",
+            rope.ROPE_TACTICS,
+            fixed((q, k, v, pos, cos, sin, kc, vc, slots), {"k_scale": ks, "v_scale": vs}),
+            reps,
+            factory=rope.make_rope_write_kv,
+        )
+        # reads q, k, v and cos/sin rows; writes q and the fp8 k, v
+        nbytes = T * ((HQ + 2 * HKV) * HD * 2 + HQ * HD * 2 + 2 * HKV * HD + HD * 8)
+        record(rows, "rope_write_kv fp8", f"T={T}", t, nbytes, bw=bw)
+
+
+def _ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def bench_logits_readout(rows, reps) -> None:
+    """argmax of a decode step's logits: widened to float32 first (the old graphs) or not."""
+    for B in (1, 128, 512):
+        logits = torch.randn(B, VOCAB, device=DEV, dtype=BF16)
+        old = _ms(lambda lg=logits: greedy_tokens(lg.float()), reps)
+        new = _ms(lambda lg=logits: greedy_tokens(lg), reps)
+        rows.append({"kernel": "logits_argmax", "shape": f"B={B} V={VOCAB}",
+                     "float32_then_argmax_us": old * 1e3, "bf16_argmax_us": new * 1e3})  # fmt: skip
+        print(
+            f"logits argmax      B={B:<4d} float32 first {old * 1e3:8.1f} us   bf16 {new * 1e3:8.1f} us"
+        )
+
+
+def main() -> None:
+    args, bw = bench_cli(__doc__, "step_kernels.json", 30)
+    rows: list[dict] = []
+    bench_quantizing(rows, bw, args.reps)
+    bench_rope_fp8_kv(rows, bw, args.reps)
+    bench_logits_readout(rows, args.reps)
+    args.out.write_text(json.dumps({"copy_bw": bw, "rows": rows}, indent=1))
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
