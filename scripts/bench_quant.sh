@@ -12,8 +12,9 @@
 # headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
 # modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x2048
-# 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 set their size (by input length);
-# PROFILE_SHAPES (e.g. "128x128") also profiles those points (scripts/profile_throughput.py);
+# 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their
+# size; PROFILE_SHAPES (e.g. "128x128") also profiles those points
+# (scripts/profile_throughput.py), PROFILE_B1=1 the batch-1 decode;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,14 +25,18 @@ mkdir -p "$out" "$work"
 device=cuda target=auto batch=512
 # NOTE: TensorRT-LLM's published offline figures use 30,000 requests at 128/128, 3,000 at
 # 2048/128 and 1,500 at 2048/2048 (docs/source/performance/perf-overview.md), so that the batch
-# stays full; these defaults are what one 10-minute device call holds, each several times the
-# engine's max batch, so the ramp-up and the drain weigh more here than there.
+# stays full; these defaults are what one 10-minute device call holds (at least the engine's
+# max batch of 512 at the shorter points), so the ramp-up and the drain weigh more here.
+# 2048/2048: at most as many requests as the FP8 pool holds at once (59,785 blocks of 32 tokens
+# on the H200 = 467 sequences of 4,096 tokens), so that every request decodes in one batch
+# rather than a few dozen decoding alone after the others finish.
 requests_128=${REQUESTS_128:-4096} requests_2048=${REQUESTS_2048:-512}
+requests_long=${REQUESTS_LONG:-448}
 # NOTE: a speed benchmark of random weights: the calibration size changes no speed figure,
 # only the convert time (FP8 at 32 x 512 tokens: 140 s, against 45 s for BF16's convert)
 calib=(--calib-size "${CALIB_SIZE:-16}" --calib-max-seq-len "${CALIB_LEN:-256}" --device cuda)
 if [[ "$tiny" == "--tiny" ]]; then
-  device=cpu target=cpu requests_128=8 requests_2048=2 batch=8
+  device=cpu target=cpu requests_128=8 requests_2048=2 requests_long=2 batch=8
   calib=(--calib-size 4 --calib-max-seq-len 64 --device cpu)
 fi
 timings="$out/timings.txt"
@@ -70,10 +75,14 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
   rm -rf "$work/ckpt-$mode"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
+  if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
+    python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
+      --num-requests 1 --out "$out/$mode/profile_b1.json"
+  fi
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
     for shape in ${TPUT_SHAPES:-128x128 2048x2048 2048x128}; do
       i=${shape%x*} o=${shape#*x}
-      n=$(( i >= 2048 ? requests_2048 : requests_128 ))
+      n=$(( i >= 2048 ? (o >= 2048 ? requests_long : requests_2048) : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
         --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
       if [[ " ${PROFILE_SHAPES:-} " == *" $shape "* ]]; then

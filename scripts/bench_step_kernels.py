@@ -59,31 +59,45 @@ def bench_quantizing(rows, bw, reps) -> None:
 
 
 def bench_rope_fp8_kv(rows, bw, reps) -> None:
+    """RoPE + KV write into an FP8 pool (V transposed per block, as the engines store it), and,
+    to tell what its cost is, the same into an FP8 pool with V token-major and a BF16 pool.
+    Slots: "scattered" (one token per sequence, as a decode step writes: each token lands in
+    another block, so its transposed V touches 1,024 sectors a byte each) or "runs" (a
+    prompt's consecutive slots, as a prefill chunk writes)."""
     cos, sin = (
         c.to(DEV)
         for c in rope_ref.cos_sin_cache(rope_ref.inv_freq(HD, 500000.0, "llama3", 8.0), 8192)
     )
     ks, vs = torch.tensor(0.1, device=DEV), torch.tensor(0.1, device=DEV)
-    for T in TOKENS:
+    for T, slot_kind in ((512, "scattered"), (8192, "runs"), (8192, "scattered")):
         qkv = torch.randn(T, (HQ + 2 * HKV) * HD, device=DEV, dtype=BF16)
         q = qkv[:, : HQ * HD].view(T, HQ, HD)
         k = qkv[:, HQ * HD : (HQ + HKV) * HD].view(T, HKV, HD)
         v = qkv[:, (HQ + HKV) * HD :].view(T, HKV, HD)
         pos = torch.randint(0, 8192, (T,), device=DEV)
-        nb = T // BS + 1024
-        kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=F8)
-        vc = v_like(kc)  # the FP8 pool's layout: V transposed per block
-        slots = torch.randperm(nb * BS, device=DEV)[:T].int()
-        t = time_tactics(
-            "rope",
-            rope.ROPE_TACTICS,
-            fixed((q, k, v, pos, cos, sin, kc, vc, slots), {"k_scale": ks, "v_scale": vs}),
-            reps,
-            factory=rope.make_rope_write_kv,
-        )
-        # reads q, k, v and cos/sin rows; writes q and the fp8 k, v
-        nbytes = T * ((HQ + 2 * HKV) * HD * 2 + HQ * HD * 2 + 2 * HKV * HD + HD * 8)
-        record(rows, "rope_write_kv fp8", f"T={T}", t, nbytes, bw=bw)
+        nb = T + 1024
+        if slot_kind == "scattered":  # one slot in each of T distinct blocks
+            blocks = torch.randperm(nb, device=DEV)[:T]
+            slots = (blocks * BS + torch.randint(0, BS, (T,), device=DEV)).int()
+        else:  # runs of 2,048 consecutive slots from block-aligned starts
+            starts = torch.randperm(nb // 64, device=DEV)[: T // 2048] * 64 * BS
+            slots = (starts[:, None] + torch.arange(2048, device=DEV)).reshape(-1).int()
+        for pool in ("fp8", "fp8_v_token_major", "bf16"):
+            dtype = BF16 if pool == "bf16" else F8
+            kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=dtype)
+            vc = v_like(kc, transposed=pool == "fp8")  # the FP8 engines' layout: transposed
+            scales = {"k_scale": ks, "v_scale": vs} if dtype == F8 else {}
+            t = time_tactics(
+                "rope",
+                rope.ROPE_TACTICS,
+                fixed((q, k, v, pos, cos, sin, kc, vc, slots), scales),
+                reps,
+                factory=rope.make_rope_write_kv,
+            )
+            # reads q, k, v and cos/sin rows; writes q and k, v into the pool
+            nbytes = T * ((HQ + 2 * HKV) * HD * 2 + HQ * HD * 2 + HD * 8)
+            nbytes += T * 2 * HKV * HD * dtype.itemsize
+            record(rows, f"rope_write_kv {pool}", f"T={T} {slot_kind}", t, nbytes, bw=bw)
 
 
 def _ms(fn, reps: int) -> float:
