@@ -115,6 +115,12 @@ def bench_cmd(
     no_cuda_graphs: bool = typer.Option(
         False, "--no-cuda-graphs", help="GPU: do not replay decode steps from CUDA graphs."
     ),
+    no_pipeline: bool = typer.Option(
+        False,
+        "--no-pipeline",
+        help="Read each step's tokens back before launching the next (default: greedy steps "
+        "overlap the host's work with the next step on the device).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace existing result files."),
 ) -> None:
     """Benchmark an engine: latency, throughput or serving, with optional HF baseline and roofline."""
@@ -165,6 +171,7 @@ def bench_cmd(
             "enable_prefix_reuse": not no_prefix_reuse,
             "kv_cache_free_gpu_memory_fraction": kv_fraction,
             "cuda_graphs": not no_cuda_graphs,
+            "pipeline": not no_pipeline,
         },
         log=lambda msg: typer.echo(msg, err=True),
     )

@@ -48,6 +48,16 @@ def packed_int32(
     )
 
 
+def _recorded_event(dev: torch.Tensor) -> torch.cuda.Event | None:
+    """An event after the work queued so far (None off CUDA: Triton's interpreter runs these
+    classes on the CPU in the tests, where every copy has finished when it returns)."""
+    if dev.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def capture_graphs(
     buckets: list[int],
     run: Callable[[int], tuple[torch.Tensor, ...]],
@@ -95,9 +105,14 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_batch_size)
         n, w = max_batch_size, max_blocks_per_seq
         # ids | positions | slots | context lens | block tables [n, w]
-        self.host, self.dev, h, d = packed_int32([n, n, n, n, n * w], device)
-        self.h_ids, self.h_pos, self.h_slots, self.h_ctx = h[:4]
-        self.h_tables = h[4].reshape(n, w)
+        sizes = [n, n, n, n, n * w]
+        self.host, self.dev, h, d = packed_int32(sizes, device)
+        # NOTE: a pipelined executor stages step k+1 while step k's copy may still be queued:
+        # two pinned buffers, used in turn, each with the event of its last copy
+        self._stages = [(self.host, h), packed_int32(sizes, device)[::2]]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self._use_stage(0)
         self.ids, self.pos, self.slots, self.ctx = d[:4]
         self.tables = d[4].view(n, w)
         # a bucket's graph reads rows [:bucket] only: a step copies the buffer up to the end of
@@ -108,6 +123,11 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self._capture_all()
+
+    def _use_stage(self, i: int) -> None:
+        self.host, h = self._stages[i]
+        self.h_ids, self.h_pos, self.h_slots, self.h_ctx = h[:4]
+        self.h_tables = h[4].reshape(len(self.h_ids), -1)
 
     def _meta(self, b: int) -> AttnMetadata:
         return AttnMetadata(
@@ -144,11 +164,16 @@ class DecodeGraphs:
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.buckets[-1]
 
-    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, plan, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """plan: a decode-only StepPlan of B sequences -> (logits [B, V], argmax [B]),
-        views valid until the next run."""
+        views valid until the next run. ids: the input tokens on the device (int32 [B]),
+        instead of the plan's (a pipelined decode: the previous step's argmax)."""
         b = plan.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
+        i = self._turn = 1 - self._turn
+        if self._copied[i] is not None:
+            self._copied[i].synchronize()  # NOTE: copied two steps ago; normally long done
+        self._use_stage(i)
         self.h_ids[:b] = plan.input_ids
         self.h_pos[:b] = plan.positions
         self.h_slots[:b] = plan.slot_mapping
@@ -157,6 +182,9 @@ class DecodeGraphs:
         self._pad_rows(b, bucket)
         end = self._tables_at + bucket * self._width
         self.dev[:end].copy_(self.host[:end], non_blocking=True)
+        self._copied[i] = _recorded_event(self.dev)
+        if ids is not None:
+            self.ids[:b].copy_(ids)
         self.graphs[bucket].replay()
         return self.logits[bucket][:b], self.greedy[bucket][:b]
 
@@ -194,6 +222,7 @@ class PrefillGraphs:
         self.d = d[:6] + [d[6].view(2, w)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._copied: torch.cuda.Event | None = None  # the last copy out of `host`
         self._fill(
             1,
             0,
@@ -257,6 +286,8 @@ class PrefillGraphs:
         """A one-sequence prefill plan -> (logits [1, V], argmax [1])."""
         t = plan.num_tokens
         bucket = next(x for x in self.buckets if x >= t)
+        if self._copied is not None:
+            self._copied.synchronize()  # a pipelined executor may not have waited for it
         self._fill(
             t,
             int(plan.context_lens[0]),
@@ -267,5 +298,6 @@ class PrefillGraphs:
             bucket,
         )
         self.dev.copy_(self.host, non_blocking=True)
+        self._copied = _recorded_event(self.dev)
         self.graphs[bucket].replay()
         return self.out[bucket]

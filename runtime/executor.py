@@ -15,6 +15,7 @@ import torch
 from .distributed import PLAN_KEYS
 from .engine import LoadedEngine
 from .errors import ConfigError, RequestError
+from .inflight import Launched, TokenReadback, chained_rows, patch_inputs, reads_tokens_of
 from .kernels import KERNELS_FILE, install_engine_kernels
 from .kv_cache import KVCache
 from .memory import num_kv_blocks as default_num_kv_blocks
@@ -28,12 +29,13 @@ from .types import FinishReason, Request, SamplingParams
 _DEVICE_INPUTS = tuple(k for k in PLAN_KEYS if k != "prompt_ranges")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Where a step's wall time goes on the host: planning it; running it (a graph replay returns at
-# once, an eager step returns once its kernels are queued); reading its tokens back (waits for
-# the GPU; sampling); bookkeeping (finish checks, callbacks, the scheduler's update). All but
-# the GPU wait inside "readback" is time the GPU sits idle between steps, unless the launch
-# queue is still ahead of it.
-STEP_PHASES = ("schedule", "launch", "readback", "update")
+# Where a call to `step` spends its wall time on the host: planning and launching a step when
+# none is in flight ("start"); taking that step's tokens as placeholders, planning and launching
+# the next one ("next", pipelined only); waiting for the step's tokens ("readback": the device's
+# time, when nothing else is queued); bookkeeping ("settle": finish checks, callbacks, the
+# scheduler's update). Pipelined, the device runs the next step during "settle" and the next
+# call's "next"; unpipelined, it sits idle for all but "readback".
+STEP_PHASES = ("start", "next", "readback", "settle")
 
 # Called after each step with (request, new token id); text-level stop checks live above this.
 TokenCallback = Callable[[Request, int], None]
@@ -64,7 +66,8 @@ class Executor:
     from graphs captured per batch-size bucket, and a lone prompt's prefill from graphs per
     token bucket (GPU only; tp 1 only for now). comm: this
     rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0 schedules,
-    broadcasts each plan and samples, the other ranks run `follow`.
+    broadcasts each plan and samples, the other ranks run `follow`. pipeline: launch the next
+    step before reading this one's tokens back, when its sampling allows (`step`).
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class Executor:
         kv_cache_free_gpu_memory_fraction: float = 0.9,
         cuda_graphs: bool = True,
         comm=None,
+        pipeline: bool = True,
     ) -> None:
         cfg = engine.config
         tp = comm.world if comm is not None else 1
@@ -154,6 +158,12 @@ class Executor:
         self._ids = itertools.count()
         # host seconds of the last step by STEP_PHASES (benchmarks sum them by kind of step)
         self.step_phases = (0.0, 0.0, 0.0, 0.0)
+        # the step a call read back: entries, prefill entries, KV tokens, new tokens
+        self.last_step = (0, 0, 0, 0)
+        self.pipeline = pipeline
+        self.chained_steps = 0  # decodes launched from the previous step's argmax on the device
+        self._inflight: Launched | None = None
+        self._readback = TokenReadback(b.max_batch_size, self.device)
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         """Queue a request. An invalid one comes back finished as REJECTED with `error` set;
@@ -178,7 +188,8 @@ class Executor:
             self._forget(req.request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests waiting or running, or a launched step not read back yet."""
+        return self._inflight is not None or self.scheduler.has_unfinished()
 
     def _forget(self, rid: int) -> None:
         self.requests.pop(rid, None)
@@ -188,53 +199,189 @@ class Executor:
     def step(
         self, on_token: TokenCallback | None = None, stop_check: StopCheck | None = None
     ) -> list[Request]:
-        """Run one scheduler step; returns the requests that finished in it."""
+        """Run one scheduler step; returns the requests that finished in it.
+
+        Pipelined (`pipeline`, one rank): when every row of the step samples greedily, the
+        scheduler takes the step's tokens as placeholders while the device is still computing
+        them, plans the next step and, when its decodes continue this step's sequences, launches
+        it with their input tokens gathered on the device from this step's argmax. Then the host
+        reads this step's tokens, puts them into the scheduler, and does the step's bookkeeping
+        while the device runs the next step. A request that stops on EOS or a stop check is
+        cancelled then; the extra token the next step computed for it is dropped. Tokens,
+        callbacks and finishes are exactly those of an unpipelined run, one call later at most:
+        a call returns what finished in the step it read back, and `has_unfinished()` stays
+        true while a launched step is unread."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
-        if plan.num_seqs == 0:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests pending")
-            return []
-        samples = np.asarray(plan.samples).astype(bool)
-        rows = np.nonzero(samples)[0]
-        reqs = [self.requests[i] for i in np.asarray(plan.seq_ids)[rows].tolist()]
+        cur, self._inflight = self._inflight, None
+        if cur is None:
+            plan = self.scheduler.schedule()
+            if plan.num_seqs == 0:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError("scheduler made no progress with requests pending")
+                return []
+            cur = self._launch(plan)
         t1 = time.perf_counter()
-        logits, argmax = self._logits(plan, rows)
+        held = None
+        if self._speculable(cur):
+            n = cur.num_seqs
+            cur.finished = self.scheduler.update(np.zeros(n, np.int32), np.zeros(n, np.int8))
+            cur.speculative = True
+            plan = self.scheduler.schedule()
+            if plan.num_seqs:
+                src = chained_rows(plan, cur)
+                if src is not None:
+                    self._inflight = self._launch(plan, cur.argmax, src)
+                    self.chained_steps += 1
+                elif not reads_tokens_of(plan, cur):
+                    self._inflight = self._launch(plan)  # e.g. a prompt's next chunk
+                else:
+                    held = plan  # its inputs include tokens the host has not read yet
         t2 = time.perf_counter()
-        # NOTE: per-row Python kept to appends and set lookups (scripts/bench_host_step.py:
-        # at batch 256 the host work of a step fell from 121 to ~60 us on the CPU dev machine)
-        toks = self._sample(reqs, logits, argmax)
+        toks = self._read_tokens(cur)
         t3 = time.perf_counter()
-        new_tokens = np.zeros(plan.num_seqs, dtype=np.int32)
-        finish = np.zeros(plan.num_seqs, dtype=np.int8)
-        new_tokens[rows] = toks
-        for req, tok in zip(reqs, toks, strict=True):
-            req.output_ids.append(tok)
-        eos = self.eos_ids
-        for j in [j for j, tok in enumerate(toks) if tok in eos]:
-            if not reqs[j].params.ignore_eos:
-                finish[rows[j]] = FinishReason.EOS
-        if stop_check is not None or on_token is not None:
-            for b, req, tok in zip(rows.tolist(), reqs, toks, strict=True):
-                if stop_check is not None and finish[b] == 0 and stop_check(req):
-                    finish[b] = FinishReason.STOP
-                if on_token is not None:
-                    on_token(req, tok)
-        done = []
-        for rid, reason in self.scheduler.update(new_tokens, finish):
-            req = self.requests[rid]
-            req.finish_reason = FinishReason(reason)
-            self._forget(rid)
-            done.append(req)
+        if cur.speculative:
+            self.scheduler.set_last_tokens(cur.seq_ids, np.asarray(toks, np.int32))
+            if held is not None:
+                patch_inputs(held, cur, toks)
+                self._inflight = self._launch(held)
+        done = self._settle(cur, toks, on_token, stop_check)
+        self.last_step = cur.shape
         self.step_phases = (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         return done
 
-    def _logits(self, plan, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the step: logits [len(rows), V] (on the device, in the lm_head's output dtype:
-        `Decoder.step_logits`) of the sampling rows, and their argmax when a captured graph
-        already computed it."""
+    def _launch(
+        self, plan, prev: torch.Tensor | None = None, src: np.ndarray | None = None
+    ) -> Launched:
+        """Start a planned step on the device (and its tokens' copy to the host). prev/src: a
+        chained step: the input token of its i-th decode is prev[src[i]] on the device."""
+        rows = np.nonzero(np.asarray(plan.samples))[0]
+        seq_ids = np.asarray(plan.seq_ids)[rows]
+        reqs = [self.requests.get(i) for i in seq_ids.tolist()]
+        ids = None
+        if prev is not None:
+            if np.array_equal(src, np.arange(len(src))):  # the same sequences, in order
+                ids = prev[: len(src)].to(torch.int32)
+            else:
+                # NOTE: from pinned memory: a copy from pageable memory may wait for the device
+                idx = torch.from_numpy(src)
+                idx = idx.pin_memory() if self.device.type == "cuda" else idx
+                ids = prev.index_select(0, idx.to(self.device, non_blocking=True))
+                ids = ids.to(torch.int32)
+        logits, argmax = self._logits(plan, rows, ids)
+        plain = self._argmax_ids
+        if argmax is None and any(r is not None and r.request_id in plain for r in reqs):
+            argmax = greedy_tokens(logits)
+        ctx = np.asarray(plan.context_lens)
+        step = Launched(
+            plan.num_seqs,
+            rows,
+            seq_ids,
+            ctx[rows],
+            reqs,
+            logits,
+            argmax,
+            shape=(
+                plan.num_seqs,
+                plan.num_prefill,
+                int(np.sum(ctx, dtype=np.int64)),
+                int(plan.query_start_loc[-1]),
+            ),
+        )
+        self._readback.start(step)
+        return step
+
+    def _speculable(self, step: Launched) -> bool:
+        """Whether the scheduler may take this step's tokens before they are known: every
+        sampling row greedy (its token comes from the device argmax alone), one rank."""
+        if not self.pipeline or self.comm is not None:
+            return False
+        plain, live = self._argmax_ids, self.requests
+        return all(
+            r is None or r.request_id in plain or live.get(r.request_id) is not r for r in step.reqs
+        ) and (step.argmax is not None or not step.reqs)
+
+    def _read_tokens(self, step: Launched) -> list[int]:
+        """One token per sampling row: greedy rows from the device argmax, the others drawn
+        on the host by their request's sampler."""
+        reqs = step.reqs
+        if not reqs:
+            return []
+        plain = self._argmax_ids
+        out = self._readback.tokens(step) if step.argmax is not None else [0] * len(reqs)
+        live = self.requests
+        for j, req in enumerate(reqs):
+            if req is None or req.request_id in plain or live.get(req.request_id) is not req:
+                continue  # greedy, or no longer served (cancelled after the launch)
+            seen = None
+            if req.params.repetition_penalty != 1.0:
+                seen = torch.tensor(req.prompt_ids + req.output_ids)
+            logits = step.logits[j].float().cpu()
+            out[j] = self._samplers[req.request_id].sample(logits, seen)
+        return out
+
+    def _settle(
+        self,
+        step: Launched,
+        toks: list[int],
+        on_token: TokenCallback | None,
+        stop_check: StopCheck | None,
+    ) -> list[Request]:
+        """The host's part of a read-back step: tokens appended, EOS and stop checks, callbacks,
+        the scheduler told (or, for a speculative step, stopped requests cancelled)."""
+        reqs = step.reqs
+        live = self.requests
+        # NOTE: per-row Python kept to appends and set lookups (scripts/bench_host_step.py:
+        # at batch 256 the host work of a step fell from 121 to ~60 us on the CPU dev machine)
+        ok = [r is not None and live.get(r.request_id) is r for r in reqs]
+        for req, tok, keep in zip(reqs, toks, ok, strict=True):
+            if keep:
+                req.output_ids.append(tok)
+        stops: dict[int, int] = {}  # row -> EOS / STOP
+        eos = self.eos_ids
+        for j in [j for j, tok in enumerate(toks) if tok in eos]:
+            if ok[j] and not reqs[j].params.ignore_eos:
+                stops[j] = FinishReason.EOS
+        if stop_check is not None or on_token is not None:
+            for j, (req, tok, keep) in enumerate(zip(reqs, toks, ok, strict=True)):
+                if not keep:
+                    continue
+                if stop_check is not None and j not in stops and stop_check(req):
+                    stops[j] = FinishReason.STOP
+                if on_token is not None:
+                    on_token(req, tok)
+        if step.speculative:
+            ended = dict(step.finished)  # finished by length in the speculative update
+            for j, reason in stops.items():
+                rid = reqs[j].request_id
+                if rid in ended or self.scheduler.cancel(rid):
+                    ended[rid] = reason  # EOS / STOP wins over LENGTH, as unpipelined
+            finished = list(ended.items())
+        else:
+            new_tokens = np.zeros(step.num_seqs, dtype=np.int32)
+            finish = np.zeros(step.num_seqs, dtype=np.int8)
+            new_tokens[step.rows] = toks
+            for j, reason in stops.items():
+                finish[step.rows[j]] = reason
+            finished = self.scheduler.update(new_tokens, finish)
+        done = []
+        for rid, reason in finished:
+            req = live.get(rid)
+            if req is None:
+                continue
+            req.finish_reason = FinishReason(reason)
+            self._forget(rid)
+            done.append(req)
+        return done
+
+    def _logits(
+        self, plan, rows: np.ndarray, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Launch the step: logits [len(rows), V] (on the device, in the lm_head's output
+        dtype: `Decoder.step_logits`) of the sampling rows, and their argmax when a captured
+        graph already computed it. ids: the input tokens of the plan's trailing decodes on the
+        device (int32), instead of the plan's."""
         if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
-            return self.graphs.run(plan)  # decode: every row samples
+            return self.graphs.run(plan, ids)  # decode: every row samples
         pg = self.prefill_graphs
         if pg is not None and pg.can_run(plan) and not self._wants_prompt_logits(plan):
             return pg.run(plan)  # one prompt's last chunk (time to first token)
@@ -253,7 +400,7 @@ class Executor:
         }
         if self.comm is not None:
             self.comm.broadcast_plan(arrays)
-        prompt_logits, logits = self.run_plan(arrays)
+        prompt_logits, logits = self.run_plan(arrays, ids)
         for (req, _, _), lg in zip(ranges, prompt_logits, strict=True):
             req.prompt_logits.append(lg.cpu())
         return logits, None
@@ -262,12 +409,18 @@ class Executor:
         seq_ids = np.asarray(plan.seq_ids)
         return any(self.requests[int(i)].params.return_prompt_logits for i in seq_ids)
 
-    def run_plan(self, arrays: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def run_plan(
+        self, arrays: dict[str, np.ndarray], ids: torch.Tensor | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """One eager step from its arrays (distributed.PLAN_KEYS) -> (float32 logits of each
         prompt range, logits [R, V] of the sampling rows in the lm_head's output dtype). tp:
-        every rank calls it with the same (broadcast) arrays; the collectives are inside."""
+        every rank calls it with the same (broadcast) arrays; the collectives are inside.
+        ids: the input tokens of the step's trailing decodes on the device (a chained step),
+        replacing the array's."""
         q_lens = np.diff(arrays["query_start_loc"])
         d = self._inputs.put({k: arrays[k] for k in _DEVICE_INPUTS})
+        if ids is not None:  # the trailing decodes' tokens
+            d["input_ids"][d["input_ids"].shape[0] - ids.shape[0] :].copy_(ids)
         meta = AttnMetadata(
             slot_mapping=d["slot_mapping"],
             block_tables=d["block_tables"],
@@ -294,24 +447,6 @@ class Executor:
                 on_step(step)
             self.run_plan(arrays)
 
-    def _sample(
-        self, reqs: list[Request], logits: torch.Tensor, argmax: torch.Tensor | None
-    ) -> list[int]:
-        """One token per request; greedy rows share one argmax on the device."""
-        plain = self._argmax_ids
-        others = [j for j, r in enumerate(reqs) if r.request_id not in plain]
-        if len(others) == len(reqs):
-            out = [0] * len(reqs)
-        else:
-            out = (greedy_tokens(logits) if argmax is None else argmax).tolist()
-        for j in others:
-            req = reqs[j]
-            seen = None
-            if req.params.repetition_penalty != 1.0:
-                seen = torch.tensor(req.prompt_ids + req.output_ids)
-            out[j] = self._samplers[req.request_id].sample(logits[j].float().cpu(), seen)
-        return out
-
     def _prompt_ranges(self, plan) -> list[tuple[Request, int, int]]:
         """(request, first row, rows) of the prompt positions whose logits are kept."""
         qsl = np.asarray(plan.query_start_loc)
@@ -327,7 +462,7 @@ class Executor:
     def run_until_done(
         self, on_token: TokenCallback | None = None, stop_check: StopCheck | None = None
     ) -> None:
-        while self.scheduler.has_unfinished():
+        while self.has_unfinished():
             self.step(on_token, stop_check)
 
     def generate(

@@ -199,6 +199,14 @@ class Scheduler:
         done = self._core.update(new_tokens, finish)
         return [(rid, _REASONS[r]) for rid, r in done] if done else []
 
+    def set_last_tokens(self, req_ids: np.ndarray, tokens: np.ndarray) -> int:
+        """Replaces the last token of each request (live, or finished since the last update())
+        by `tokens` (aligned; unknown ids are skipped); returns how many were replaced. For a
+        pipelined executor: `update()` received placeholders for tokens the device had not
+        sampled yet. The last token is never computed yet, so no block hash has read it."""
+        ids = np.ascontiguousarray(req_ids, dtype=np.int64)
+        return self._core.set_last_tokens(ids, np.ascontiguousarray(tokens, dtype=np.int32))
+
     def cancel(self, req_id: int) -> bool:
         """Drops a waiting or running request (also between schedule and update: its entry is
         then ignored). Frees every block it held. Returns False if the id is not live."""

@@ -32,9 +32,9 @@ def step_us(engine: Path, batch: int, steps: int) -> float:
     vocab = ex.config.model.vocab_size
     prefill = ex._logits
 
-    def stub(plan, rows):
+    def stub(plan, rows, ids=None):
         if plan.num_prefill:
-            return prefill(plan, rows)
+            return prefill(plan, rows, ids)
         n = len(rows)
         return torch.zeros(n, vocab), torch.full((n,), 5)
 

@@ -14,7 +14,8 @@
 # modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x2048
 # 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their
 # size; PROFILE_SHAPES (e.g. "128x128") also profiles those points
-# (scripts/profile_throughput.py), PROFILE_B1=1 the batch-1 decode;
+# (scripts/profile_throughput.py), PROFILE_B1=1 the batch-1 decode; COMPARE_PIPELINE=1 also runs
+# batch 1 and 128/128 with `--no-pipeline`;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +76,10 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
   rm -rf "$work/ckpt-$mode"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
+  if [[ -n "${COMPARE_PIPELINE:-}" ]]; then  # the same point with the executor unpipelined
+    ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
+      --output-dir "$out/$mode/no_pipeline" --no-pipeline --force
+  fi
   if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
       --num-requests 1 --out "$out/$mode/profile_b1.json"
@@ -85,6 +90,11 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
       n=$(( i >= 2048 ? (o >= 2048 ? requests_long : requests_2048) : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
         --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
+      if [[ -n "${COMPARE_PIPELINE:-}" && "$shape" == "128x128" ]]; then
+        ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
+          --output-len "$o" --num-requests "$n" --no-pipeline --force \
+          --output-dir "$out/$mode/no_pipeline/tput_${i}_${o}"
+      fi
       if [[ " ${PROFILE_SHAPES:-} " == *" $shape "* ]]; then
         python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" \
           --output-len "$o" --num-requests "$n" --out "$out/$mode/profile_${i}_${o}.json"
@@ -106,6 +116,14 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
     row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
            "decode_roofline": lat["decode"], "latency": lat}
+    off = out / mode / "no_pipeline"
+    if (off / "latency.json").is_file():  # COMPARE_PIPELINE
+        lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
+        row["decode_b1_tok_s_no_pipeline"] = lat_off["decode_tok_s_per_request"]["mean"]
+    for p in sorted(off.glob("tput_*/throughput.json")):
+        res = json.loads(p.read_text())["results"][0]["ingot"]
+        row[p.parent.name + "_no_pipeline_output_tok_s"] = res["output_tok_s"]
+        row[p.parent.name + "_no_pipeline_step_mix"] = res.get("step_mix")
     for p in sorted((out / mode).glob("tput_*/throughput.json")):
         res = json.loads(p.read_text())["results"][0]["ingot"]
         row[p.parent.name + "_output_tok_s"] = res["output_tok_s"]

@@ -113,9 +113,9 @@ def main(family: str, quant: str = "none") -> None:
     used = {"decode": 0, "prefill": 0}
     for name, runner in (("decode", ex.graphs), ("prefill", ex.prefill_graphs)):
 
-        def counted(plan, _run=runner.run, _name=name):
+        def counted(plan, *ids, _run=runner.run, _name=name):
             used[_name] += 1
-            return _run(plan)
+            return _run(plan, *ids)
 
         runner.run = counted
     batched = [r.output_ids for r in ex.generate(prompts, params)]

@@ -205,9 +205,12 @@ def test_throughput_from_dataset(engine, tmp_path):
     data = tmp_path / "d.jsonl"
     rows = [{"input_len": 9, "output_len": 3}, {"prompt_ids": [5, 6, 7], "output_len": 7}]
     data.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
-    r = _bench(engine, tmp_path, "throughput", "--dataset", data, "--baseline", "hf")
+    r = _bench(engine, tmp_path, "throughput", "--dataset", data, "--baseline", "hf",
+               "--no-pipeline")  # fmt: skip
     assert r.exit_code == 0, r.output
-    (p,) = _load(tmp_path, "throughput")["results"]
+    doc = _load(tmp_path, "throughput")
+    assert doc["engine"]["executor"]["pipeline"] is False
+    (p,) = doc["results"]
     assert p["workload"]["output_tokens"] == 10 and p["workload"]["input_tokens"] == 12
     _check_figures(p["ingot"], p, "ingot")
     _check_figures(p["hf"], p, "hf")  # padded static batch: only requested tokens count

@@ -35,6 +35,7 @@ class IngotDriver:
         enable_prefix_reuse: bool = True,
         kv_cache_free_gpu_memory_fraction: float = 0.9,
         cuda_graphs: bool = True,
+        pipeline: bool = True,
     ) -> None:
         self.engine = load_engine(Path(engine_dir), device)
         self.executor = Executor(
@@ -45,22 +46,9 @@ class IngotDriver:
             enable_prefix_reuse=enable_prefix_reuse,
             kv_cache_free_gpu_memory_fraction=kv_cache_free_gpu_memory_fraction,
             cuda_graphs=cuda_graphs,
+            pipeline=pipeline,
         )
         self.device = self.executor.device
-        self._plan: tuple[int, int, int, int] = (0, 0, 0, 0)
-        sched = self.executor.scheduler
-        schedule = sched.schedule
-
-        def probe():
-            # NOTE: records what each step computes (sequences, prefill entries, KV tokens
-            # read, tokens) so decode-only steps can be timed; the plan is passed on untouched.
-            plan = schedule()
-            ctx = int(np.sum(plan.context_lens, dtype=np.int64)) if plan.num_seqs else 0
-            tokens = int(plan.query_start_loc[-1]) if plan.num_seqs else 0
-            self._plan = (plan.num_seqs, plan.num_prefill, ctx, tokens)
-            return plan
-
-        sched.schedule = probe  # instance attribute: only this executor is probed
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
@@ -124,7 +112,8 @@ class IngotDriver:
             done = ex.step(on_token)
             last_end = time.perf_counter()
             dt = last_end - t
-            num_seqs, num_prefill, ctx, tokens = self._plan
+            # the step this call read back (pipelined, it launched the next one too)
+            num_seqs, num_prefill, ctx, tokens = ex.last_step
             if num_seqs and not num_prefill:
                 steps.append(DecodeStep(dt, num_seqs, ctx))
             mix.add(dt, num_seqs, num_prefill, tokens, (*ex.step_phases, between))

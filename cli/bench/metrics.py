@@ -35,7 +35,7 @@ class StepMix:
     driver's own time before the step ("between": arrivals, statistics)."""
 
     KINDS = ("decode", "prefill", "mixed")
-    PHASES = ("schedule", "launch", "readback", "update", "between")
+    PHASES = ("start", "next", "readback", "settle", "between")
 
     def __init__(self) -> None:
         self._sums = {k: [0, 0.0, 0, 0] for k in self.KINDS}

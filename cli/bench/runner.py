@@ -117,6 +117,10 @@ def run_bench(
             "target": cfg.target,
             "build": b.to_dict(),
             **load,
+            # how the executor served it (defaults unless the command line changed them)
+            "executor": {
+                k: v for k, v in (executor_kwargs or {}).items() if k in ("cuda_graphs", "pipeline")
+            },
         },
         "device": _device_info(device),
         "seed": options.seed,

@@ -79,6 +79,12 @@ void bind_scheduler(nb::module_& m) {
              return s.update(new_tokens.data(), finish.data(), new_tokens.shape(0));
            })
       .def("cancel", &Scheduler::cancel)
+      .def("set_last_tokens",
+           [](Scheduler& s, const I64Array& ids, const I32Array& tokens) {
+             if (ids.shape(0) != tokens.shape(0))
+               throw nb::value_error("ids and tokens must have the same length");
+             return s.set_last_tokens(ids.data(), tokens.data(), ids.shape(0));
+           })
       .def("has_unfinished", &Scheduler::has_unfinished)
       .def("num_free_blocks", &Scheduler::num_free_blocks)
       .def("check_integrity", &Scheduler::check_integrity)

@@ -12,6 +12,7 @@ namespace nb = nanobind;
 
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I8Array = nb::ndarray<const int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // A 1-D numpy view over C++-owned memory that keeps `owner` alive.
 template <class T>

@@ -203,6 +203,17 @@ std::string Scheduler::check_integrity() const {
   return bm_.check(live);
 }
 
+int32_t Scheduler::set_last_tokens(const int64_t* ids, const int32_t* tokens, size_t n) {
+  int32_t patched = 0;
+  for (size_t k = 0; k < n; ++k) {
+    auto* t = const_cast<std::vector<int32_t>*>(this->tokens(ids[k]));
+    if (t == nullptr || t->empty()) continue;
+    t->back() = tokens[k];
+    ++patched;
+  }
+  return patched;
+}
+
 const std::vector<int32_t>* Scheduler::tokens(int64_t id) const {
   auto it = seqs_.find(id);
   if (it != seqs_.end()) return &it->second->tokens;

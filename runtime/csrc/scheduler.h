@@ -66,6 +66,11 @@ class Scheduler {
   const std::vector<std::pair<int64_t, int32_t>>& update(const int32_t* new_tokens,
                                                          const int8_t* finish, size_t n);
   bool cancel(int64_t id);
+  // Replaces the last token of each request in `ids` (live, or finished since the last
+  // update()); unknown ids are skipped. For a pipelined step: update() took placeholder tokens
+  // while the GPU was still sampling them; the last token is not computed yet, so no block
+  // hash has read it. Returns how many requests were patched.
+  int32_t set_last_tokens(const int64_t* ids, const int32_t* tokens, size_t n);
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int32_t num_free_blocks() const { return bm_.num_free(); }

@@ -1,0 +1,158 @@
+"""The pipelined executor (the next step launched before this one's tokens are read back) gives
+exactly what the unpipelined one gives: tokens, finish reasons, callbacks, and a consistent
+scheduler, through EOS and stop-check finishes, length limits, chunked prefill, prefix reuse,
+preemption, cancellation and requests that join mid-run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ingot.compiler.build import build_engine
+from ingot.compiler.convert import convert_checkpoint
+from ingot.compiler.examples import make_tiny_hf_model
+from ingot.runtime.engine import load_engine
+from ingot.runtime.executor import Executor
+from ingot.runtime.types import FinishReason, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    hf = make_tiny_hf_model("llama", root / "hf", seed=2)
+    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
+    overrides = {"max_batch_size": 6, "max_seq_len": 256, "max_num_tokens": 64,
+                 "tokens_per_block": 8}  # fmt: skip
+    return load_engine(build_engine(ckpt, root / "engine", target="cpu", overrides=overrides))
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(3, vocab, (24,), generator=g).tolist()  # a prefix three prompts share
+    lens = [5, 90, 17, 33, 9, 40]  # 90 > max_num_tokens: chunked
+    out = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+    return out + [shared + p[:6] for p in out[:3]]
+
+
+def _serve(eng, prompts, params, pipeline: bool, **kw):
+    """Half the prompts at once, the rest one per step while the others decode; one request
+    cancelled after its third token. Returns (per request: tokens, reason, callback tokens),
+    and the executor."""
+    ex = Executor(eng, pipeline=pipeline, **kw)
+    seen: dict[int, list[int]] = {}
+    stop_after = {}  # request id -> stop-check after this many tokens
+
+    def on_token(req, tok):
+        seen.setdefault(req.request_id, []).append(tok)
+
+    def stop_check(req):
+        n = stop_after.get(req.request_id)
+        return n is not None and len(req.output_ids) >= n
+
+    half = len(prompts) // 2
+    reqs = [ex.add_request(p, sp) for p, sp in zip(prompts[:half], params[:half], strict=True)]
+    stop_after[reqs[1].request_id] = 4
+    waiting = list(zip(prompts[half:], params[half:], strict=True))
+    cancelled = False
+    while ex.has_unfinished() or waiting:
+        if waiting:
+            p, sp = waiting.pop(0)
+            reqs.append(ex.add_request(p, sp))
+        ex.step(on_token, stop_check)
+        for r in reqs:  # the scheduler holds every token read back (the real ones)
+            if not r.finished:
+                known = r.prompt_ids + r.output_ids
+                assert ex.scheduler.tokens(r.request_id)[: len(known)].tolist() == known
+        target = reqs[2]
+        if not cancelled and len(target.output_ids) >= 3 and not target.finished:
+            ex.cancel(target)
+            cancelled = True
+    ex.scheduler.check_integrity()
+    assert ex.scheduler.num_free_blocks() == ex.scheduler.config.num_blocks
+    return [(r.output_ids, r.finish_reason, seen.get(r.request_id, [])) for r in reqs], ex
+
+
+def _with_eos(eng, token: int):
+    model = dataclasses.replace(eng.config.model, eos_token_ids=(token,))
+    return dataclasses.replace(eng, config=dataclasses.replace(eng.config, model=model))
+
+
+@pytest.mark.parametrize("policy,blocks", [("guaranteed_no_evict", None), ("max_utilization", 16)])
+def test_pipelined_equals_unpipelined(engine, policy, blocks):
+    prompts = _prompts(engine.config.model.vocab_size)
+    lengths = [12, 20, 9, 16, 7, 14, 11, 13, 10]
+    params = [
+        SamplingParams(max_new_tokens=n, ignore_eos=i % 3 == 0) for i, n in enumerate(lengths)
+    ]
+    kw = {"policy": policy, "num_kv_blocks": blocks}
+    # an EOS token the greedy runs do produce: request 4's fourth, unpipelined
+    probe, _ = _serve(engine, prompts, params, pipeline=False, **kw)
+    eng = _with_eos(engine, probe[4][0][3])
+    plain, ex0 = _serve(eng, prompts, params, pipeline=False, **kw)
+    piped, ex1 = _serve(eng, prompts, params, pipeline=True, **kw)
+    assert piped == plain
+    reasons = {r for _, r, _ in plain}
+    assert {FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH} <= reasons
+    assert FinishReason.CANCELLED in reasons
+    for toks, _, seen in piped:
+        assert seen == toks  # every token reaches the callback once, in order
+    assert ex0.chained_steps == 0 and ex1.chained_steps > 0
+    if policy == "max_utilization":
+        assert ex1.scheduler.stats()["num_preemptions"] > 0
+
+
+def test_sampled_requests_are_not_pipelined_but_agree(engine):
+    """A seeded sampled request needs its logits on the host: a step in which it samples is
+    read back before the next is planned, and the tokens are those of a run that never
+    pipelines (its generator draws in the same order)."""
+    prompts = _prompts(engine.config.model.vocab_size)[:4]
+    greedy = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=20, seed=3, ignore_eos=True)
+    params = [greedy, sampled, greedy, greedy]
+    runs = []
+    for pipeline in (False, True):
+        ex = Executor(engine, pipeline=pipeline)
+        runs.append([r.output_ids for r in ex.generate(prompts, params)])
+    assert runs[0] == runs[1]
+
+
+def test_has_unfinished_until_the_last_step_is_read(engine):
+    ex = Executor(engine, pipeline=True)
+    req = ex.add_request([5, 6, 7], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    calls = 0
+    while ex.has_unfinished():
+        ex.step()
+        calls += 1
+        assert calls < 10
+    assert len(req.output_ids) == 3 and req.finish_reason == FinishReason.LENGTH
+    assert ex.step() == []  # nothing left: a no-op
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graphs", [True, False])
+def test_pipelined_on_the_gpu_equals_unpipelined_and_the_cpu_engine(tmp_path, engine, graphs):
+    """On the GPU a chained decode takes its input tokens from the previous step's argmax on
+    the device (in the decode graphs, or eagerly), its inputs are staged while the previous
+    copy may still be queued, and the tokens come back through pinned buffers and events."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=2)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
+    overrides = {"max_batch_size": 6, "max_seq_len": 256, "max_num_tokens": 64,
+                 "tokens_per_block": 8}  # fmt: skip
+    gpu = load_engine(build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=overrides,
+                                   tactics="default"))  # fmt: skip
+    prompts = _prompts(engine.config.model.vocab_size)
+    lengths = [12, 20, 9, 16, 7, 14, 11, 13, 10]
+    params = [
+        SamplingParams(max_new_tokens=n, ignore_eos=i % 3 == 0) for i, n in enumerate(lengths)
+    ]
+    probe, _ = _serve(engine, prompts, params, pipeline=False)
+    eos = probe[4][0][3]
+    cpu, _ = _serve(_with_eos(engine, eos), prompts, params, pipeline=False)
+    plain, _ = _serve(_with_eos(gpu, eos), prompts, params, pipeline=False, cuda_graphs=graphs)
+    piped, ex = _serve(_with_eos(gpu, eos), prompts, params, pipeline=True, cuda_graphs=graphs)
+    assert piped == plain == cpu
+    assert ex.chained_steps > 0
