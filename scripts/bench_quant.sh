@@ -11,8 +11,8 @@
 # OUT_DIR/<mode>/{latency,tput_*}/*.json and OUT_DIR/summary.json (convert/build seconds, the
 # headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
-# modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x2048
-# 2048x128", input x output); REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their
+# modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x128
+# 2048x2048", input x output; the longest last, so a call cut short keeps the others); REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their
 # size; PROFILE_SHAPES (e.g. "128x128") also profiles those points
 # (scripts/profile_throughput.py), PROFILE_B1=1 the batch-1 decode; COMPARE_PIPELINE=1 also runs
 # batch 1 and 128/128 with `--no-pipeline`;
@@ -85,7 +85,7 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
       --num-requests 1 --out "$out/$mode/profile_b1.json"
   fi
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
-    for shape in ${TPUT_SHAPES:-128x128 2048x2048 2048x128}; do
+    for shape in ${TPUT_SHAPES:-128x128 2048x128 2048x2048}; do
       i=${shape%x*} o=${shape#*x}
       n=$(( i >= 2048 ? (o >= 2048 ? requests_long : requests_2048) : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \

@@ -15,6 +15,8 @@
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 #   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
+#            (one call holds MODES=fp8 COMPARE_PIPELINE=1 with its three throughput points, ~450 s;
+#            MODES=bf16 TPUT_MODES=none another: batch 1 beside it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
