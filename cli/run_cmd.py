@@ -60,6 +60,12 @@ def run_engine_cmd(
     policy: str = typer.Option(
         "guaranteed_no_evict", "--scheduler-policy", help="guaranteed_no_evict or max_utilization."
     ),
+    no_pipeline: bool = typer.Option(
+        False,
+        "--no-pipeline",
+        help="Read each step's tokens back before launching the next (default: greedy steps "
+        "overlap the host's work with the next step on the device; the tokens are the same).",
+    ),
 ) -> None:
     """Load an engine and generate text for all prompts with inflight batching (a
     tensor-parallel engine runs one process per rank)."""
@@ -83,7 +89,13 @@ def run_engine_cmd(
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    llm = LLM(engine_dir, num_kv_blocks=num_kv_blocks, policy=policy, kv_fraction=kv_fraction)
+    llm = LLM(
+        engine_dir,
+        num_kv_blocks=num_kv_blocks,
+        policy=policy,
+        kv_fraction=kv_fraction,
+        pipeline=not no_pipeline,
+    )
 
     def on_text(i: int, delta: str) -> None:
         typer.echo(f"[{i}] +{delta!r}" if len(prompts) > 1 else delta, nl=len(prompts) > 1)

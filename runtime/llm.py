@@ -49,7 +49,7 @@ class LLM:
     A tensor-parallel engine (tp_size > 1) spawns ranks 1..tp-1 (runtime/distributed.py);
     this process is rank 0. Call `close()` (or use `with`) to stop them; a failed rank stops
     the whole group and surfaces here as one EngineError naming it. tp_timeouts: a
-    `distributed.TPTimeouts` (tp > 1 only).
+    `distributed.TPTimeouts` (tp > 1 only). pipeline: see `Executor.step` (tp 1 only).
     """
 
     def __init__(
@@ -60,6 +60,7 @@ class LLM:
         policy: str = "guaranteed_no_evict",
         kv_fraction: float = 0.9,
         tp_timeouts=None,
+        pipeline: bool = True,
     ) -> None:
         self.group = None
         self.engine = load_engine(Path(engine_dir), device)
@@ -68,6 +69,7 @@ class LLM:
             num_kv_blocks=num_kv_blocks,
             policy=policy,
             kv_cache_free_gpu_memory_fraction=kv_fraction,
+            pipeline=pipeline,
         )
         tp = self.engine.config.tp_size
         if tp == 1:

@@ -88,6 +88,11 @@ def test_run_engine_prints_outputs_and_streams(engine):
     )
     assert r.exit_code == 0, r.output
     assert "[0] Output:" in r.stdout and "[1] Output:" in r.stdout
+    # unpipelined: the same text (greedy)
+    plain = invoke("run-engine", "--engine-dir", engine, "--input-text", "Hello there",
+                   "--input-text", "The engine", "--max-output-len", "5", "--no-pipeline")  # fmt: skip
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout == r.stdout
     r = invoke(
         "run-engine",
         "--engine-dir",
