@@ -295,10 +295,15 @@ class Executor:
         sampling row greedy (its token comes from the device argmax alone), one rank."""
         if not self.pipeline or self.comm is not None:
             return False
-        plain, live = self._argmax_ids, self.requests
-        return all(
-            r is None or r.request_id in plain or live.get(r.request_id) is not r for r in step.reqs
-        ) and (step.argmax is not None or not step.reqs)
+        plain = self._argmax_ids
+        return all(not self._served(r) or r.request_id in plain for r in step.reqs) and (
+            step.argmax is not None or not step.reqs
+        )
+
+    def _served(self, req: Request | None) -> bool:
+        """Whether a step's row still belongs to a live request (not cancelled, finished or
+        dead when the step was launched)."""
+        return req is not None and self.requests.get(req.request_id) is req
 
     def _read_tokens(self, step: Launched) -> list[int]:
         """One token per sampling row: greedy rows from the device argmax, the others drawn
@@ -308,10 +313,9 @@ class Executor:
             return []
         plain = self._argmax_ids
         out = self._readback.tokens(step) if step.argmax is not None else [0] * len(reqs)
-        live = self.requests
         for j, req in enumerate(reqs):
-            if req is None or req.request_id in plain or live.get(req.request_id) is not req:
-                continue  # greedy, or no longer served (cancelled after the launch)
+            if not self._served(req) or req.request_id in plain:
+                continue  # no longer served (cancelled after the launch), or greedy
             seen = None
             if req.params.repetition_penalty != 1.0:
                 seen = torch.tensor(req.prompt_ids + req.output_ids)
@@ -332,7 +336,7 @@ class Executor:
         live = self.requests
         # NOTE: per-row Python kept to appends and set lookups (scripts/bench_host_step.py:
         # at batch 256 the host work of a step fell from 121 to ~60 us on the CPU dev machine)
-        ok = [r is not None and live.get(r.request_id) is r for r in reqs]
+        ok = [self._served(r) for r in reqs]
         for req, tok, keep in zip(reqs, toks, ok, strict=True):
             if keep:
                 req.output_ids.append(tok)
