@@ -29,6 +29,15 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return sizes + [max_batch_size]
 
 
+def pinned_int32(sizes: list[int], device: torch.device) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """A host buffer (pinned for a CUDA device) of int32 segments of `sizes`, laid out as
+    `packed_int32` lays out its device buffer: (host, host views)."""
+    starts, end = segments(sizes)
+    host = torch.empty(end, dtype=torch.int32, pin_memory=device.type == "cuda")
+    h = host.numpy()
+    return host, [h[a : a + n] for a, n in zip(starts, sizes, strict=True)]
+
+
 def packed_int32(
     sizes: list[int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray], list[torch.Tensor]]:
@@ -37,15 +46,9 @@ def packed_int32(
     starts 16-byte aligned, as Triton specializes kernels on pointer alignment (an unaligned
     view would need a kernel the engine's ahead-of-time bundle does not hold)."""
     starts, end = segments(sizes)
-    host = torch.empty(end, dtype=torch.int32, pin_memory=device.type == "cuda")
+    host, h = pinned_int32(sizes, device)
     dev = torch.empty(end, dtype=torch.int32, device=device)
-    h = host.numpy()
-    return (
-        host,
-        dev,
-        [h[a : a + n] for a, n in zip(starts, sizes, strict=True)],
-        [dev[a : a + n] for a, n in zip(starts, sizes, strict=True)],
-    )
+    return host, dev, h, [dev[a : a + n] for a, n in zip(starts, sizes, strict=True)]
 
 
 def _recorded_event(dev: torch.Tensor) -> torch.cuda.Event | None:
@@ -109,7 +112,7 @@ class DecodeGraphs:
         self.host, self.dev, h, d = packed_int32(sizes, device)
         # NOTE: a pipelined executor stages step k+1 while step k's copy may still be queued:
         # two pinned buffers, used in turn, each with the event of its last copy
-        self._stages = [(self.host, h), packed_int32(sizes, device)[::2]]
+        self._stages = [(self.host, h), pinned_int32(sizes, device)]
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self._use_stage(0)
