@@ -17,15 +17,20 @@ from ingot.runtime.engine import load_engine
 from ingot.runtime.executor import Executor
 from ingot.runtime.types import FinishReason, SamplingParams
 
+BUILD = {"max_batch_size": 6, "max_seq_len": 256, "max_num_tokens": 64, "tokens_per_block": 8}
+# per request: new tokens; every third ignores EOS
+LENGTHS = [12, 20, 9, 16, 7, 14, 11, 13, 10]
+
+
+def _build(root, target: str, **kw):
+    hf = make_tiny_hf_model("llama", root / "hf", seed=2)
+    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
+    return load_engine(build_engine(ckpt, root / target, target=target, overrides=BUILD, **kw))
+
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    hf = make_tiny_hf_model("llama", root / "hf", seed=2)
-    ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32")
-    overrides = {"max_batch_size": 6, "max_seq_len": 256, "max_num_tokens": 64,
-                 "tokens_per_block": 8}  # fmt: skip
-    return load_engine(build_engine(ckpt, root / "engine", target="cpu", overrides=overrides))
+    return _build(tmp_path_factory.mktemp("pipeline"), "cpu")
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -79,17 +84,22 @@ def _with_eos(eng, token: int):
     return dataclasses.replace(eng, config=dataclasses.replace(eng.config, model=model))
 
 
+def _workload(engine, **kw):
+    """(prompts, params, an EOS token the greedy runs do produce: request 4's fourth,
+    unpipelined on the CPU engine)."""
+    prompts = _prompts(engine.config.model.vocab_size)
+    params = [
+        SamplingParams(max_new_tokens=n, ignore_eos=i % 3 == 0) for i, n in enumerate(LENGTHS)
+    ]
+    probe, _ = _serve(engine, prompts, params, pipeline=False, **kw)
+    return prompts, params, probe[4][0][3]
+
+
 @pytest.mark.parametrize("policy,blocks", [("guaranteed_no_evict", None), ("max_utilization", 16)])
 def test_pipelined_equals_unpipelined(engine, policy, blocks):
-    prompts = _prompts(engine.config.model.vocab_size)
-    lengths = [12, 20, 9, 16, 7, 14, 11, 13, 10]
-    params = [
-        SamplingParams(max_new_tokens=n, ignore_eos=i % 3 == 0) for i, n in enumerate(lengths)
-    ]
     kw = {"policy": policy, "num_kv_blocks": blocks}
-    # an EOS token the greedy runs do produce: request 4's fourth, unpipelined
-    probe, _ = _serve(engine, prompts, params, pipeline=False, **kw)
-    eng = _with_eos(engine, probe[4][0][3])
+    prompts, params, eos = _workload(engine, **kw)
+    eng = _with_eos(engine, eos)
     plain, ex0 = _serve(eng, prompts, params, pipeline=False, **kw)
     piped, ex1 = _serve(eng, prompts, params, pipeline=True, **kw)
     assert piped == plain
@@ -138,19 +148,8 @@ def test_pipelined_on_the_gpu_equals_unpipelined_and_the_cpu_engine(tmp_path, en
     the device (in the decode graphs, or eagerly), its inputs are staged while the previous
     copy may still be queued, and the tokens come back through pinned buffers and events."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=2)
-    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
-    overrides = {"max_batch_size": 6, "max_seq_len": 256, "max_num_tokens": 64,
-                 "tokens_per_block": 8}  # fmt: skip
-    gpu = load_engine(build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=overrides,
-                                   tactics="default"))  # fmt: skip
-    prompts = _prompts(engine.config.model.vocab_size)
-    lengths = [12, 20, 9, 16, 7, 14, 11, 13, 10]
-    params = [
-        SamplingParams(max_new_tokens=n, ignore_eos=i % 3 == 0) for i, n in enumerate(lengths)
-    ]
-    probe, _ = _serve(engine, prompts, params, pipeline=False)
-    eos = probe[4][0][3]
+    gpu = _build(tmp_path, "auto", tactics="default")
+    prompts, params, eos = _workload(engine)
     cpu, _ = _serve(_with_eos(engine, eos), prompts, params, pipeline=False)
     plain, _ = _serve(_with_eos(gpu, eos), prompts, params, pipeline=False, cuda_graphs=graphs)
     piped, ex = _serve(_with_eos(gpu, eos), prompts, params, pipeline=True, cuda_graphs=graphs)
