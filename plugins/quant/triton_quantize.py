@@ -6,8 +6,9 @@ not Triton's approximate `/`), the value is clamped to +-448, then rounded to ne
 the e4m3 grid. On the GPU the cast does that rounding (sm_89+: `cvt.rn.satfinite.e4m3x2.f32`,
 two values per instruction); Triton's interpreter casts by truncation, so there the value is
 first rounded on the grid in software (`fp8_e4m3_rne`, ~15 instructions a value, which the GPU
-kernels ran too until the quantizing kernels were timed at a decode step of batch 512). The fused variants first round their result to the activation dtype, as the unfused
-op would before the GEMM quantized it, so fused and unfused engines quantize the same values.
+kernels ran too until the quantizing kernels were timed at a decode step of batch 512). The
+fused variants first round their result to the activation dtype, as the unfused op would
+before the GEMM quantized it, so fused and unfused engines quantize the same values.
 
 The fused variants are the `rms_norm_quant_fp8` and `swiglu_quant_fp8` plugins an FP8 engine's
 decoder runs before its GEMMs; the FP8 GEMM takes their output through
