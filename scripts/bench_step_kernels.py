@@ -20,7 +20,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_kernels import BF16, DEV, HD, HKV, HQ, INTER, VOCAB, D, bench_cli, fixed, record  # noqa: E402
+from bench_kernels import (  # noqa: E402
+    BF16,
+    DEV,
+    HD,
+    HKV,
+    HQ,
+    INTER,
+    VOCAB,
+    D,
+    bench_cli,
+    fixed,
+    record,
+)
 
 from ingot.plugins.attention.layout import v_like  # noqa: E402
 from ingot.plugins.quant import triton_quantize as tq  # noqa: E402
@@ -122,7 +134,8 @@ def bench_logits_readout(rows, reps) -> None:
         rows.append({"kernel": "logits_argmax", "shape": f"B={B} V={VOCAB}",
                      "float32_then_argmax_us": old * 1e3, "bf16_argmax_us": new * 1e3})  # fmt: skip
         print(
-            f"logits argmax      B={B:<4d} float32 first {old * 1e3:8.1f} us   bf16 {new * 1e3:8.1f} us"
+            f"logits argmax      B={B:<4d} float32 first {old * 1e3:8.1f} us"
+            f"   bf16 {new * 1e3:8.1f} us"
         )
 
 
