@@ -14,8 +14,8 @@
 # modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x128
 # 2048x2048", input x output; the longest last, so a call cut short keeps the others);
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
-# (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1 the batch-1 decode; COMPARE_PIPELINE=1 also runs
-# batch 1 and 128/128 with `--no-pipeline`;
+# (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
+# the batch-1 decode; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
