@@ -10,6 +10,10 @@ separate kernel), and how long that read takes on its own.
 Each figure is CUDA-graph timed: (graph of `calls` x [flush, read, gemv]) minus (graph of
 `calls` x [flush, read]), per call; the read alone is [flush, read] minus [flush].
 
+`overlap`: what the engine's prefetch (`ingot.plugins.l2_prefetch`, a bulk L2 prefetch on a
+side stream) saves when it runs beside a stand-in for the small kernels (a spin kernel of
+`gap_us` on one SM, DRAM idle): [flush, spin, gemv] vs [flush, (spin || prefetch), gemv].
+
     python3 scripts/bench_l2_prefetch.py --out l2_prefetch.json
 """
 
@@ -23,10 +27,13 @@ import torch
 from bench_gemv import graph_ms  # scripts/ is on sys.path when a script runs
 
 from ingot.plugins.gemm import cuda as gemm
+from ingot.plugins.l2_prefetch import l2_prefetch
 
 SITES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
 L2_LIMIT = 40 * 1024**2  # read at most this much ahead: the H200's L2 is 50 MB
+GAPS_US = (3, 10)  # the small kernels before a layer's GEMVs: ~3 µs (a norm), ~10 (attention)
+PREFETCH_MB = (8, 16, 24)
 
 
 def steps_ms(steps: list[Callable[[], None]], calls: int, repeats: int) -> float:
@@ -71,6 +78,56 @@ def site_rows(n: int, k: int, tactic, calls: int, repeats: int) -> list[dict]:
     return result
 
 
+def spin_cycles(us: float) -> int:
+    """Clock cycles of a `us`-microsecond spin at the device's clock."""
+    ghz = torch.cuda.get_device_properties(0).clock_rate / 1e6  # kHz -> GHz
+    return int(us * 1e3 * ghz)
+
+
+def overlap_rows(n: int, k: int, tactic, calls: int, repeats: int) -> list[dict]:
+    """µs per call of [flush, spin, gemv] with and without a side-stream prefetch of the
+    GEMV's first MB issued as the spin starts."""
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    flush = torch.empty(128 * 1024**2 // 4, dtype=torch.int32, device="cuda")
+    linear = gemm.make_linear(tactic)
+    side = torch.cuda.Stream()
+    rows = []
+    for gap in GAPS_US:
+        cycles = spin_cycles(gap)
+
+        def plain(cycles=cycles) -> None:
+            flush.zero_()
+            torch.cuda._sleep(cycles)
+            linear(x, w, None, out)
+
+        base = steps_ms([plain], calls, repeats)
+        for mb in PREFETCH_MB:
+
+            def prefetched(cycles=cycles, mb=mb) -> None:
+                flush.zero_()
+                main = torch.cuda.current_stream()
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    l2_prefetch(w, mb * 1024**2)
+                torch.cuda._sleep(cycles)
+                linear(x, w, None, out)
+                main.wait_stream(side)
+
+            t = steps_ms([prefetched], calls, repeats)
+            rows.append(
+                {
+                    "gap_us": gap,
+                    "prefetch_mb": mb,
+                    "plain_us": round(base / calls * 1e3, 2),
+                    "prefetched_us": round(t / calls * 1e3, 2),
+                    "saved_us": round((base - t) / calls * 1e3, 2),
+                }
+            )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -86,12 +143,21 @@ def main() -> None:
             name: site_rows(n, k, tactic, args.calls, args.repeats)
             for name, (n, k) in SITES.items()
         },
+        "overlap": {
+            name: overlap_rows(n, k, tactic, args.calls, args.repeats)
+            for name, (n, k) in SITES.items()
+        },
     }
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
     for name, rows in out["sites"].items():
         cells = ", ".join(f"{r['read_mb']} MB: {r['gemv_us']} µs" for r in rows)
         print(f"{name}: {cells}")
+    for name, rows in out["overlap"].items():
+        cells = ", ".join(
+            f"gap {r['gap_us']} µs + {r['prefetch_mb']} MB: {r['saved_us']} µs saved" for r in rows
+        )
+        print(f"overlap {name} ({rows[0]['plain_us']} µs plain at the first gap): {cells}")
 
 
 if __name__ == "__main__":

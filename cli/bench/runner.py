@@ -119,7 +119,9 @@ def run_bench(
             **load,
             # how the executor served it (defaults unless the command line changed them)
             "executor": {
-                k: v for k, v in (executor_kwargs or {}).items() if k in ("cuda_graphs", "pipeline")
+                k: v
+                for k, v in (executor_kwargs or {}).items()
+                if k in ("cuda_graphs", "pipeline", "l2_prefetch")
             },
         },
         "device": _device_info(device),
