@@ -121,12 +121,6 @@ def bench_cmd(
         help="Read each step's tokens back before launching the next (default: greedy steps "
         "overlap the host's work with the next step on the device).",
     ),
-    l2_prefetch: bool = typer.Option(
-        False,
-        "--l2-prefetch",
-        help="GPU: small decode steps (up to 8 tokens) read each weight matrix's first 16 MB "
-        "into L2 on a side stream while the kernels before it run (same tokens).",
-    ),
     force: bool = typer.Option(False, "--force", help="Replace existing result files."),
 ) -> None:
     """Benchmark an engine: latency, throughput or serving, with optional HF baseline and roofline."""
@@ -178,7 +172,6 @@ def bench_cmd(
             "kv_cache_free_gpu_memory_fraction": kv_fraction,
             "cuda_graphs": not no_cuda_graphs,
             "pipeline": not no_pipeline,
-            "l2_prefetch": l2_prefetch,
         },
         log=lambda msg: typer.echo(msg, err=True),
     )

@@ -66,12 +66,6 @@ def run_engine_cmd(
         help="Read each step's tokens back before launching the next (default: greedy steps "
         "overlap the host's work with the next step on the device; the tokens are the same).",
     ),
-    l2_prefetch: bool = typer.Option(
-        False,
-        "--l2-prefetch",
-        help="GPU: small decode steps (up to 8 tokens) read each weight matrix's first 16 MB "
-        "into L2 on a side stream while the kernels before it run (same tokens).",
-    ),
 ) -> None:
     """Load an engine and generate text for all prompts with inflight batching (a
     tensor-parallel engine runs one process per rank)."""
@@ -101,7 +95,6 @@ def run_engine_cmd(
         policy=policy,
         kv_fraction=kv_fraction,
         pipeline=not no_pipeline,
-        l2_prefetch=l2_prefetch,
     )
 
     def on_text(i: int, delta: str) -> None:

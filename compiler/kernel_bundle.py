@@ -80,8 +80,6 @@ def engine_launches(
         raise ConfigError(
             f"target {build.target} cannot run this engine yet: {e}", "build with --target cpu"
         ) from None
-    # the runtime may prefetch weights into L2 in small steps (`Executor(l2_prefetch=)`)
-    decoder.set_l2_prefetch(True, torch.device("meta"))
     kv_dtype = torch.float8_e4m3fn if quant.kv_cache_dtype == "fp8" else dtype
     kv = KVCache(model, 4, build.tokens_per_block, kv_dtype, torch.device("meta"))
     width = -(-build.max_seq_len // build.tokens_per_block)

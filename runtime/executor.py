@@ -67,9 +67,7 @@ class Executor:
     token bucket (GPU only; tp 1 only for now). comm: this
     rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0 schedules,
     broadcasts each plan and samples, the other ranks run `follow`. pipeline: launch the next
-    step before reading this one's tokens back, when its sampling allows (`step`). l2_prefetch:
-    steps of a few tokens read each GEMV's weight into L2 ahead of it (`Decoder.set_l2_prefetch`;
-    GPU, tp 1).
+    step before reading this one's tokens back, when its sampling allows (`step`).
     """
 
     def __init__(
@@ -83,7 +81,6 @@ class Executor:
         cuda_graphs: bool = True,
         comm=None,
         pipeline: bool = True,
-        l2_prefetch: bool = False,
     ) -> None:
         cfg = engine.config
         tp = comm.world if comm is not None else 1
@@ -108,7 +105,6 @@ class Executor:
         weights = {n: t.to(self.device) for n, t in engine.weights().items()}
         lap("weights")
         self.decoder = Decoder(cfg.model, weights, Ops(cfg), cfg.quant, comm=comm)
-        self.decoder.set_l2_prefetch(l2_prefetch, self.device)  # NOTE: before graph capture
         b = cfg.build
         # Quantization: an FP8 KV cache stores float8_e4m3fn (K/V divided by per-layer scales).
         kv_dtype = torch.float8_e4m3fn if cfg.quant.kv_cache_dtype == "fp8" else self.dtype

@@ -50,7 +50,6 @@ class LLM:
     this process is rank 0. Call `close()` (or use `with`) to stop them; a failed rank stops
     the whole group and surfaces here as one EngineError naming it. tp_timeouts: a
     `distributed.TPTimeouts` (tp > 1 only). pipeline: see `Executor.step` (tp 1 only).
-    l2_prefetch: see `Executor` (GPU, tp 1 only).
     """
 
     def __init__(
@@ -62,7 +61,6 @@ class LLM:
         kv_fraction: float = 0.9,
         tp_timeouts=None,
         pipeline: bool = True,
-        l2_prefetch: bool = False,
     ) -> None:
         self.group = None
         self.engine = load_engine(Path(engine_dir), device)
@@ -72,7 +70,6 @@ class LLM:
             policy=policy,
             kv_cache_free_gpu_memory_fraction=kv_fraction,
             pipeline=pipeline,
-            l2_prefetch=l2_prefetch,
         )
         tp = self.engine.config.tp_size
         if tp == 1:

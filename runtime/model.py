@@ -19,7 +19,6 @@ from .distributed import vocab_range
 from .engine import EngineConfig
 from .kv_cache import KVCache
 from .linear import make_linear
-from .weight_prefetch import MAX_TOKENS, WeightPrefetch
 
 
 @dataclass
@@ -135,20 +134,6 @@ class Decoder:
             self._lm_head = lambda x, w: fp8(x, w, ws, xs, None, out_dtype=dtype)
         else:
             self._lm_head = ops.at("gemm", "lm_head")
-        self.prefetch: WeightPrefetch | None = None  # `set_l2_prefetch`
-        self._pf: WeightPrefetch | None = None  # the prefetcher of the forward pass running
-
-    def set_l2_prefetch(self, on: bool, device: torch.device | None = None) -> None:
-        """Steps of at most MAX_TOKENS tokens read each GEMV's first megabytes into L2 while
-        the kernels before it run (runtime/weight_prefetch.py). GPU (or `meta`), tp 1 only;
-        a no-op elsewhere. Before any CUDA-graph capture: graphs keep what they captured."""
-        device = device or self.lm_head.device
-        usable = device.type in ("cuda", "meta") and self.comm is None
-        self.prefetch = WeightPrefetch(device) if on and usable else None
-
-    def _prefetch(self, name: str) -> None:
-        if self._pf is not None:
-            self._pf.issue(self.lm_head if name == "lm_head" else self.w[name + ".weight"])
 
     def _attention(
         self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
@@ -156,7 +141,6 @@ class Decoder:
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
         qkv = self.linears[p + "qkv"](x)  # [T, qkv_size / tp]
-        self._prefetch(p + "o")  # during RoPE + KV write and attention
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, c.head_dim)
         k = k.reshape(-1, self.num_kv_heads, c.head_dim)
@@ -189,7 +173,6 @@ class Decoder:
             **fp8,
         )
         out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)
-        self._prefetch(f"layers.{i}.mlp.gate_up")  # during the add + norm
         if self.comm is not None:
             self.comm.all_reduce_(out)
         return out
@@ -214,8 +197,6 @@ class Decoder:
             out = self.linears[p + "down"](act)
         else:
             out = self.linears[p + "down"](self.ops.swiglu(gate_up))
-        # during the add + norm: the next layer's qkv, after the last layer the lm_head
-        self._prefetch(f"layers.{i + 1}.attn.qkv" if i + 1 < self.cfg.num_layers else "lm_head")
         if self.comm is not None:
             self.comm.all_reduce_(out)  # row-parallel down: [T, D] partial sums
         return out
@@ -235,16 +216,8 @@ class Decoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
-        pf = self.prefetch if input_ids.shape[0] <= MAX_TOKENS else None
-        self._pf = pf
-        try:
-            self._prefetch("layers.0.attn.qkv")  # during the embedding and the first norm
-            with pdl.scope(self.ops.pdl):
-                return self._forward(input_ids, positions, meta, kv)
-        finally:
-            self._pf = None
-            if pf is not None:
-                pf.join()
+        with pdl.scope(self.ops.pdl):
+            return self._forward(input_ids, positions, meta, kv)
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache

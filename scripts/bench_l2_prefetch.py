@@ -10,9 +10,11 @@ separate kernel), and how long that read takes on its own.
 Each figure is CUDA-graph timed: (graph of `calls` x [flush, read, gemv]) minus (graph of
 `calls` x [flush, read]), per call; the read alone is [flush, read] minus [flush].
 
-`overlap`: what the engine's prefetch (`ingot.plugins.l2_prefetch`, a bulk L2 prefetch on a
-side stream) saves when it runs beside a stand-in for the small kernels (a spin kernel of
+`overlap`: what a bulk L2 prefetch (`cp.async.bulk.prefetch.L2`, SM 90+) of the GEMV's first
+MB on a side stream saves when it runs beside a stand-in for the small kernels (a spin kernel of
 `gap_us` on one SM, DRAM idle): [flush, spin, gemv] vs [flush, (spin || prefetch), gemv].
+(An engine option built on it, 2026-12-03, moved batch-1 BF16 decode by +0.6%, within the
+spread between runs, and was taken out again: docs/performance.md.)
 
     python3 scripts/bench_l2_prefetch.py --out l2_prefetch.json
 """
@@ -24,10 +26,11 @@ import json
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 from bench_gemv import graph_ms  # scripts/ is on sys.path when a script runs
 
 from ingot.plugins.gemm import cuda as gemm
-from ingot.plugins.l2_prefetch import l2_prefetch
 
 SITES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
@@ -76,6 +79,39 @@ def site_rows(n: int, k: int, tactic, calls: int, repeats: int) -> list[dict]:
             }
         )
     return result
+
+
+LANES = 32  # bulk prefetches per program (one warp, one each)
+
+
+@triton.jit
+def _l2_prefetch_kernel(ptr, lane_bytes, total_bytes, LANES: tl.constexpr):
+    """Lane i of program p prefetches bytes [j * lane_bytes, ...) of ptr, j = p * LANES + i,
+    clipped to total_bytes (all multiples of 16, as the instruction requires); the program
+    exits while the copy engine fetches."""
+    j = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    start = j.to(tl.int64) * lane_bytes
+    size = tl.minimum(total_bytes - start, lane_bytes).to(tl.int32)
+    tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        setp.gt.s32 p, $2, 0;
+        @p cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.b32 $0, 0;
+        }""",
+        constraints="=r,l,r",
+        args=[ptr + start, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+def l2_prefetch(w: torch.Tensor, max_bytes: int, lane: int = 16 * 1024) -> None:
+    """Bulk L2 prefetches for the first min(max_bytes, size of w) bytes of contiguous `w`."""
+    total = min(max_bytes, w.numel() * w.element_size()) // 16 * 16
+    grid = (triton.cdiv(triton.cdiv(total, lane), LANES),)
+    _l2_prefetch_kernel[grid](w.view(-1).view(torch.uint8), lane, total, LANES=LANES, num_warps=1)
 
 
 def spin_cycles(us: float) -> int:

@@ -16,7 +16,6 @@
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
 # (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
 # the batch-1 decode; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
-# COMPARE_L2_PREFETCH=1 batch 1 with `--l2-prefetch` too;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,10 +80,6 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
     ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
       --output-dir "$out/$mode/no_pipeline" --no-pipeline --force
   fi
-  if [[ -n "${COMPARE_L2_PREFETCH:-}" ]]; then  # the same point with weights prefetched into L2
-    ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
-      --output-dir "$out/$mode/l2_prefetch" --l2-prefetch --force
-  fi
   if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
       --num-requests 1 --out "$out/$mode/profile_b1.json"
@@ -121,12 +116,10 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
     row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
            "decode_roofline": lat["decode"], "latency": lat}
-    for variant in ("no_pipeline", "l2_prefetch"):  # COMPARE_PIPELINE, COMPARE_L2_PREFETCH
-        if (out / mode / variant / "latency.json").is_file():
-            lat_v = json.loads((out / mode / variant / "latency.json").read_text())
-            lat_v = lat_v["results"][0]["ingot"]
-            row["decode_b1_tok_s_" + variant] = lat_v["decode_tok_s_per_request"]["mean"]
     off = out / mode / "no_pipeline"
+    if (off / "latency.json").is_file():  # COMPARE_PIPELINE
+        lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
+        row["decode_b1_tok_s_no_pipeline"] = lat_off["decode_tok_s_per_request"]["mean"]
     for p in sorted(off.glob("tput_*/throughput.json")):
         res = json.loads(p.read_text())["results"][0]["ingot"]
         row[p.parent.name + "_no_pipeline_output_tok_s"] = res["output_tok_s"]

@@ -206,11 +206,10 @@ def test_throughput_from_dataset(engine, tmp_path):
     rows = [{"input_len": 9, "output_len": 3}, {"prompt_ids": [5, 6, 7], "output_len": 7}]
     data.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
     r = _bench(engine, tmp_path, "throughput", "--dataset", data, "--baseline", "hf",
-               "--no-pipeline", "--l2-prefetch")  # fmt: skip
+               "--no-pipeline")  # fmt: skip
     assert r.exit_code == 0, r.output
     doc = _load(tmp_path, "throughput")
     assert doc["engine"]["executor"]["pipeline"] is False
-    assert doc["engine"]["executor"]["l2_prefetch"] is True  # a no-op on a CPU engine
     (p,) = doc["results"]
     assert p["workload"]["output_tokens"] == 10 and p["workload"]["input_tokens"] == 12
     _check_figures(p["ingot"], p, "ingot")

@@ -88,10 +88,9 @@ def test_run_engine_prints_outputs_and_streams(engine):
     )
     assert r.exit_code == 0, r.output
     assert "[0] Output:" in r.stdout and "[1] Output:" in r.stdout
-    # unpipelined (and L2 prefetch asked for, a no-op on the CPU): the same text (greedy)
+    # unpipelined: the same text (greedy)
     plain = invoke("run-engine", "--engine-dir", engine, "--input-text", "Hello there",
-                   "--input-text", "The engine", "--max-output-len", "5", "--no-pipeline",
-                   "--l2-prefetch")  # fmt: skip
+                   "--input-text", "The engine", "--max-output-len", "5", "--no-pipeline")  # fmt: skip
     assert plain.exit_code == 0, plain.output
     assert plain.stdout == r.stdout
     r = invoke(

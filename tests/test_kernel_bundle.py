@@ -57,12 +57,9 @@ def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
     plain = _launches(BuildConfig(target="sm_90", **small))
     specs = _launches(BuildConfig(target="sm_90", pdl=True, **small))
     assert all(dict(s.options).get("launch_pdl") is None for s in plain)
-    # every Triton kernel of the forward pass, and only PDL variants (but the L2 prefetch: it
-    # runs on a side stream, where nothing waits for it)
+    # every Triton kernel of the forward pass, and only PDL variants
     assert {s.fn for s in specs} == {s.fn for s in plain}
-    main = [s for s in specs if not s.fn.endswith(":_l2_prefetch_kernel")]
-    assert len(main) < len(specs)
-    assert all(dict(s.options).get("launch_pdl") is True for s in main)
+    assert all(dict(s.options).get("launch_pdl") is True for s in specs)
     # they compile for sm_90 with the grid-dependency wait and trigger in their code
     gemv = next(s for s in specs if s.fn.endswith(":_gemv_kernel"))
     target = aot.parse_target("sm_90")
@@ -74,25 +71,6 @@ def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
     assert ptx.metadata.launch_pdl
     # the GEMV's first weight loads are issued before it waits for the kernel before it
     assert text.index("ld.global") < text.index("griddepcontrol.wait")
-
-
-def test_l2_prefetch_kernel_is_recorded_and_compiles(tmp_path):
-    """Small steps may prefetch weights (`Executor(l2_prefetch=True)`): its one specialization is
-    in every GPU engine's bundle, and it compiles for sm_90 to the bulk L2 prefetch."""
-    from triton.compiler import make_backend
-
-    from ingot.plugins import aot
-
-    small = dict(max_batch_size=4, max_seq_len=256, max_num_tokens=64, tokens_per_block=32)
-    specs = _launches(BuildConfig(target="sm_90", **small))
-    prefetch = [s for s in specs if s.fn.endswith(":_l2_prefetch_kernel")]
-    assert len(prefetch) == 1  # one binary for every weight (byte pointer, sizes % 16 == 0)
-    target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(prefetch[0], make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        ptx = triton.compile(src, target=target, options=options.__dict__)
-    assert "cp.async.bulk.prefetch.L2.global" in ptx.asm["ptx"]
-    assert ptx.asm["cubin"]  # ptxas took the inline assembly
 
 
 def test_pdl_needs_an_sm90_target():

@@ -36,7 +36,6 @@ class IngotDriver:
         kv_cache_free_gpu_memory_fraction: float = 0.9,
         cuda_graphs: bool = True,
         pipeline: bool = True,
-        l2_prefetch: bool = False,
     ) -> None:
         self.engine = load_engine(Path(engine_dir), device)
         self.executor = Executor(
@@ -48,7 +47,6 @@ class IngotDriver:
             kv_cache_free_gpu_memory_fraction=kv_cache_free_gpu_memory_fraction,
             cuda_graphs=cuda_graphs,
             pipeline=pipeline,
-            l2_prefetch=l2_prefetch,
         )
         self.device = self.executor.device
 

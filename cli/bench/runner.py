@@ -119,9 +119,7 @@ def run_bench(
             **load,
             # how the executor served it (defaults unless the command line changed them)
             "executor": {
-                k: v
-                for k, v in (executor_kwargs or {}).items()
-                if k in ("cuda_graphs", "pipeline", "l2_prefetch")
+                k: v for k, v in (executor_kwargs or {}).items() if k in ("cuda_graphs", "pipeline")
             },
         },
         "device": _device_info(device),
