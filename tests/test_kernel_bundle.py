@@ -35,7 +35,7 @@ def test_dry_run_records_every_decode_split_plan():
     b = BuildConfig(max_batch_size=256, max_seq_len=8192, tokens_per_block=32, target="sm_90")
     specs = _launches(b)
     names = {s.fn.rsplit(":", 1)[-1] for s in specs}
-    assert {"_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"} <= names
+    assert {"_decode_kernel", "_prefill_kernel"} <= names
     fn = dec._decode_kernel
     recorded = {_constexpr(s, fn, "SPLIT") for s in specs if s.fn.endswith(":_decode_kernel")}
     # what the decode graphs launch, bucket by bucket (the engine's default decode tactic)
@@ -103,13 +103,10 @@ def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
     )
     backend = make_backend(aot.parse_target("sm_90"))
 
-    kernels = {
-        ":_decode_kernel": dec._decode_kernel,
-        ":_decode_reduce_kernel": dec._decode_reduce_kernel,
-    }
+    kernels = {":_decode_kernel": dec._decode_kernel}
 
     def decode_specs(seq0: bool) -> list:
-        """The dry run's decode (and reduce) launches from sequence 0, or from a later one."""
+        """The dry run's decode launches from sequence 0, or from a later one."""
         specs = _launches(b, m, choices)
         return [
             s for s in specs for end, kernel in kernels.items()

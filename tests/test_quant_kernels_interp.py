@@ -138,6 +138,36 @@ else:
         assert len(launched) == 2 * max_m  # T = max_m + 1 took the other path
 
     @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_fp8_gemv_quantizes_x_on_load(tactic, dtype, monkeypatch):
+        """x in the model dtype (the attention output before the o projection): a GEMV tactic
+        quantizes it as it loads it, with no quantize launch, to the same bits as the quantize
+        kernel then the GEMV; past max_m rows the quantize kernel and cuBLASLt's path run."""
+        quantized = []
+        real = tq.quantize_fp8
+        monkeypatch.setattr(
+            cuda_fp8, "quantize_fp8", lambda *a, **k: quantized.append(1) or real(*a, **k)
+        )
+        torch.manual_seed(6)
+        max_m = tactic.as_dict()["max_m"]
+        K, N = tactic.as_dict()["block_k"] + 48, 37
+        w = torch.randn(N, K) * 0.05
+        ws, xs = w.abs().max() / 448, torch.tensor(0.01)
+        weight, b = qref.quantize_fp8(w, ws), torch.randn(N).to(dtype)
+        fn = cuda_fp8.make_fp8_linear(tactic)
+        for T in range(1, max_m + 1):
+            x = torch.randn(T, K).to(dtype)
+            out = fn(x, weight, ws, xs, b)
+            assert out.dtype == dtype and quantized == [], T
+            unfused = fn(real(x, xs), weight, ws, xs, b, out_dtype=dtype)
+            assert torch.equal(out, unfused), T
+            with pdl.scope(True):
+                assert torch.equal(fn(x, weight, ws, xs, b), out), T
+            assert rel_err(out, qref.fp8_linear(x, weight, ws, xs, b)) < 1e-2, T  # bf16 ulps
+        fn(torch.randn(max_m + 1, K).to(dtype), weight, ws, xs, b)
+        assert quantized == [1]  # more rows than the GEMV takes: quantize, then the GEMM
+
+    @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
     def test_fp8_swiglu_gemv(tactic, monkeypatch):
         """SwiGLU-quantize folded into the FP8 down projection's GEMV: the same bits as the
         SwiGLU-quantize kernel then the FP8 GEMV, and the reference's values."""
@@ -327,6 +357,28 @@ else:
         fn = dec.make_decode_attention(tactic)
         fn(q, kc, vc, bt, cl, qsl, HD**-0.5, window, out=out, max_context_len=256, **scales)
         assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
+
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
+    def test_decode_splits_merge_in_the_last_program(kind, monkeypatch):
+        """With several splits holding keys, the program that counts itself done last merges
+        the partials (two splits per merge step here, so the merge loops); a sequence whose
+        keys fit one split is written by it directly. The done-counters are left zeroed, so
+        the next launch (a graph replay) gives the same output."""
+        monkeypatch.setattr(dec, "merge_splits", lambda g, d_pad, warps: 2)
+        torch.manual_seed(11)
+        ctx = [100, 7]  # four splits of 32 keys; one split
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1, 1], ctx, torch.float32, kind)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        fn = dec.make_decode_attention(dec.DECODE_TACTICS[3])  # partition 64, block_n 32
+        assert dec.split_plan(2 * HKV, 256, 64) == 4
+        outs = []
+        for _ in range(2):
+            out = torch.full_like(q, float("nan"))
+            fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, max_context_len=256, **scales)
+            assert not dec._COUNTERS[q.device].any()
+            outs.append(out)
+        assert rel_err(outs[0], ref) < (5e-2 if kind != "plain" else 1e-5)
+        assert torch.equal(outs[1], outs[0])
 
     @pytest.mark.parametrize("kind", KV_KINDS[:2])
     def test_mixed_step_decodes_run_the_decode_kernel(kind, monkeypatch):

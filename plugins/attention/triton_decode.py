@@ -4,8 +4,11 @@ entry point that dispatches between it and the prefill kernel.
 Decode is flash-decoding with GQA packing. Grid (sequence, kv head, split): one program takes
 one kv head's group of G query heads (a [G, hd] tile, padded to 16 rows for the tensor cores)
 so K/V are read once per group, over one partition of the context. With more than one split,
-each program writes its unnormalised accumulator and (max, sum) in base 2, and a second small
-kernel (grid (sequence, q head)) merges them.
+each program writes its unnormalised accumulator and (max, sum) in base 2 and counts itself
+done on a per-(sequence, kv head) counter; the program that finds itself last merges the
+group's partials and writes the output (no second kernel: at batch 1 a separate merge kernel
+cost 2.5 us per layer plus its launch gap on the H200). The counter goes back to zero in the
+same program, so every launch (and CUDA-graph replay) finds it zeroed.
 
 The number of splits is fixed by an upper bound on the context (the block table's width by
 default: no host sync, the same launch for every step of a CUDA graph), but each sequence
@@ -80,7 +83,25 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
 # configuration differs (e.g. 32 sequences of a model with 8 kv heads).
 LARGE_BATCH_ROWS = 256
 
-_REDUCE_SPLITS = 16  # splits merged per step of the reduce kernel's loop
+# the split programs' done-counters, [rows] int32 per device: zeroed once, left zeroed by
+# every launch; never freed (captured graphs hold their address), only outgrown
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MIN_COUNTERS = 1 << 16
+
+
+def _counters(rows: int, device: torch.device) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < rows:
+        # NOTE: a larger buffer replaces the cached one; an outgrown one stays alive (graphs
+        # captured with it keep working) by staying referenced here
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = _COUNTERS[device] = torch.zeros(max(rows, _MIN_COUNTERS), dtype=torch.int32,
+                                              device=device)  # fmt: skip
+    return buf
+
+
+_OUTGROWN: list = []
 # Programs (sequence x kv head x split) that keep the GPU busy. Splitting a context only pays
 # while sequences x kv heads alone are fewer; a constant (not the SM count) so the AOT dry run
 # on `meta` picks the same split plan as the GPU.
@@ -93,7 +114,7 @@ def split_plan(
     """Splits of the context for `rows` = sequences x kv heads: as many as `max_context_len`
     needs at `min_partition` keys each, but no more than it takes to reach `target` programs
     (_TARGET_PROGRAMS by default; a tactic may set its own). Large batches get one split: no
-    partials, no reduce kernel. (Each sequence then spreads its own context over them:
+    partials, no merge. (Each sequence then spreads its own context over them:
     `_split_range`.)"""
     target = _TARGET_PROGRAMS if target is None else target
     by_context = max(1, triton.cdiv(max_context_len, min_partition))
@@ -126,6 +147,7 @@ def _decode_kernel(
     out_ptr,
     po_ptr,
     pml_ptr,
+    cnt_ptr,
     scale_log2,
     window,
     G,
@@ -149,6 +171,8 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     G_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
+    G_POW2: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl_begin(PDL)
@@ -212,68 +236,100 @@ def _decode_kernel(
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
             acc = acc * tl.load(vs_ptr)
         if SPLIT:
-            # partials: po [B, Hq, NUM_SPLITS, D_PAD] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
-            row = (b * (G * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + sp
-            tl.store(po_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=gm[:, None])
-            tl.store(pml_ptr + row * 2, m_i, mask=gm)
-            tl.store(pml_ptr + row * 2 + 1, l_i, mask=gm)
+            n_used = tl.cdiv(ctx - first, part)  # splits holding keys of this sequence
+            if n_used > 1:  # each writes partials; the last one done merges them
+                # partials: po [B, Hq, NUM_SPLITS, D_PAD] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
+                row = (b * (G * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + sp
+                tl.store(po_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=gm[:, None])
+                tl.store(pml_ptr + row * 2, m_i, mask=gm)
+                tl.store(pml_ptr + row * 2 + 1, l_i, mask=gm)
+                # NOTE: every thread's stores, then one acq_rel atomic at GPU scope (the
+                # barrier orders them before it, the release makes them visible with it): the
+                # program that counts last sees every other split's partials.
+                tl.debug_barrier()
+                cnt = cnt_ptr + b * tl.num_programs(1) + kvh
+                if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == n_used - 1:
+                    tl.debug_barrier()
+                    _merge_splits(
+                        po_ptr, pml_ptr, out_ptr, b, kvh, G, n_used, NUM_SPLITS, sot, soh,
+                        HD, G_POW2, MERGE_SPLITS, D_PAD,
+                    )  # fmt: skip
+                    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zeroed for next time
+            else:  # the only split with keys
+                _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh)
         else:
-            l_i = tl.where(l_i > 0.0, l_i, 1.0)
-            o = acc / l_i[:, None]
-            tl.store(
-                out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
-                o.to(out_ptr.dtype.element_ty),
-                mask=gm[:, None] & dm[None, :],
-            )
+            _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh)
 
 
-@triton.jit(do_not_specialize=["seq0", "NUM_SPLITS"])
-def _decode_reduce_kernel(
+@triton.jit
+def _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh):
+    """out rows of `heads` = acc / l_i (a split that saw every key of its sequence)."""
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)
+    tl.store(
+        out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
+        (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+        mask=gm[:, None] & dm[None, :],
+    )
+
+
+@triton.jit
+def _merge_splits(
     po_ptr,
     pml_ptr,
-    ctx_ptr,
     out_ptr,
-    window,
-    HD,
+    b,
+    kvh,
+    G,
+    n_used,
     NUM_SPLITS,
-    seq0,
     sot,
     soh,
-    USE_WINDOW: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SB: tl.constexpr,
+    HD: tl.constexpr,
+    G_POW2: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr,
     D_PAD: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    pdl_begin(PDL)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    ctx = tl.load(ctx_ptr + seq0 + b)
-    first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N)
-    n_hi = tl.cdiv(ctx - first, part)  # the splits this sequence used
+    """out[b, heads of kv head kvh] = the splits' partials merged (flash-decoding): MERGE_SPLITS
+    splits of all G heads per step, [G_POW2, MERGE_SPLITS, D_PAD] fp32."""
+    g = tl.arange(0, G_POW2)
+    gm = g < G
+    heads = kvh * G + g
     d = tl.arange(0, D_PAD)
-    base = (b * tl.num_programs(1) + h).to(tl.int64) * NUM_SPLITS
-    m_run = tl.max(tl.full([SB], -1.0e30, tl.float32), axis=0)
-    l_run = tl.sum(tl.zeros([SB], tl.float32), axis=0)
-    acc = tl.zeros([D_PAD], tl.float32)
-    for s0 in range(0, n_hi, SB):
-        ss = s0 + tl.arange(0, SB)
-        sm = ss < n_hi
-        m = tl.load(pml_ptr + (base + ss) * 2, mask=sm, other=-1.0e30)
-        lsum = tl.load(pml_ptr + (base + ss) * 2 + 1, mask=sm, other=0.0)
-        o = tl.load(po_ptr + (base + ss)[:, None] * D_PAD + d[None, :], mask=sm[:, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+    base = (b * (G * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS  # [G_POW2]
+    m_run = tl.full([G_POW2], -1.0e30, tl.float32)
+    l_run = tl.zeros([G_POW2], tl.float32)
+    acc = tl.zeros([G_POW2, D_PAD], tl.float32)
+    for s0 in range(0, n_used, MERGE_SPLITS):
+        ss = s0 + tl.arange(0, MERGE_SPLITS)
+        rows = base[:, None] + ss[None, :]  # [G_POW2, MERGE_SPLITS]
+        rm = gm[:, None] & (ss < n_used)[None, :]
+        # NOTE: .cg: straight from L2, where the other programs' partials are
+        m = tl.load(pml_ptr + rows * 2, mask=rm, other=-1.0e30, cache_modifier=".cg")
+        lsum = tl.load(pml_ptr + rows * 2 + 1, mask=rm, other=0.0, cache_modifier=".cg")
+        o = tl.load(
+            po_ptr + rows[:, :, None] * D_PAD + d[None, None, :],
+            mask=rm[:, :, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m_run, tl.max(m, axis=1))
         alpha = tl.exp2(m_run - m_new)
-        w = tl.exp2(m - m_new)
-        l_run = l_run * alpha + tl.sum(w * lsum, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        w = tl.exp2(m - m_new[:, None])
+        l_run = l_run * alpha + tl.sum(w * lsum, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
         m_run = m_new
     l_run = tl.where(l_run > 0.0, l_run, 1.0)
     tl.store(
-        out_ptr + b.to(tl.int64) * sot + h * soh + d,
-        (acc / l_run).to(out_ptr.dtype.element_ty),
-        mask=d < HD,
+        out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
+        (acc / l_run[:, None]).to(out_ptr.dtype.element_ty),
+        mask=gm[:, None] & (d < HD)[None, :],
     )
+
+
+def merge_splits(g: int, d_pad: int, num_warps: int) -> int:
+    """Splits the last program merges per step: ~32 fp32 registers per thread for its
+    [G_POW2, MERGE_SPLITS, D_PAD] partials tile (a power of two)."""
+    return max(1, 32 * 32 * num_warps // (triton.next_power_of_2(g) * d_pad))
 
 
 def launch_decode(
@@ -311,8 +367,9 @@ def launch_decode(
     if split:
         po = torch.empty((B, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
         pml = torch.empty((B, hq, num_splits, 2), dtype=torch.float32, device=q.device)
+        cnt = _counters(B * hkv, q.device)
     else:
-        po = pml = out
+        po = pml = cnt = out
     use_window = window > 0
     fp8 = k_scale is not None and v_scale is not None
     v_t = check_kv_layout(k_cache, v_cache, "paged_attention")
@@ -327,6 +384,7 @@ def launch_decode(
         out,
         po,
         pml,
+        cnt,
         float(scale) * LOG2E,
         int(window),
         g,
@@ -350,29 +408,12 @@ def launch_decode(
         BLOCK_N=block_n,
         G_PAD=max(16, triton.next_power_of_2(g)),
         D_PAD=d_pad,
+        G_POW2=triton.next_power_of_2(g),
+        MERGE_SPLITS=merge_splits(g, d_pad, num_warps),
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
     )
-    if split:
-        _decode_reduce_kernel[(B, hq)](
-            po,
-            pml,
-            context_lens,
-            out,
-            int(window),
-            hd,
-            num_splits,
-            seq0,
-            out.stride(0),
-            out.stride(1),
-            USE_WINDOW=use_window,
-            BLOCK_N=block_n,
-            SB=_REDUCE_SPLITS,
-            D_PAD=d_pad,
-            num_warps=4,
-            **launch_options(),
-        )
 
 
 def combine_tactics(decode: Tactic, prefill: Tactic, large: Tactic | None = None) -> Tactic:
