@@ -127,26 +127,6 @@ def test_fp8_swiglu_gemv_equals_unfused(tactic):
 
 
 @needs_fp8
-@pytest.mark.parametrize("tactic", FP8_GEMVS, ids=ids(FP8_GEMVS))
-def test_fp8_gemv_quantizing_x_on_load_equals_unfused(tactic):
-    """The o projection's shape at decode batch sizes: x in bf16 quantized inside the GEMV
-    agrees with the quantize kernel then the same GEMV to one bf16 ulp per element (the sum
-    order may differ, as in the SwiGLU case above), and with the reference's values."""
-    n = k = 4096
-    w = torch.randn(n, k, device=DEV) * 0.02
-    ws, xs = w.abs().max() / 448, torch.tensor(0.01, device=DEV)
-    weight = qref.quantize_fp8(w, ws)
-    fn = cuda_fp8.make_fp8_linear(tactic)
-    for T in range(1, tactic.as_dict()["max_m"] + 1):
-        x = torch.randn(T, k, device=DEV, dtype=BF16)
-        out = fn(x, weight, ws, xs)
-        unfused = fn(tq.quantize_fp8(x, xs), weight, ws, xs, out_dtype=BF16).float()
-        ulp = unfused.abs() * 2**-7  # a bf16 ulp is at most 2^-7 of the value
-        assert ((out.float() - unfused).abs() <= ulp + 1e-6).all(), T
-        assert rel_err(out, qref.fp8_linear(x, weight, ws, xs)) < FP8_TOL, T
-
-
-@needs_fp8
 def test_fp8_gemm_odd_shapes_and_prequantized_x():
     fn = cuda_fp8.make_fp8_linear(None)
     for N, K, dtype in ((37, 128, BF16), (48, 200, torch.float32), (4096, 4096, torch.float32)):

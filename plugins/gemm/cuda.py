@@ -112,13 +112,12 @@ def _gemv_fma(
             ut = tl.load(x_ptrs + K + k0)
     if GATED:
         # x rows are [gate | up]: silu(gate) * up in fp32, rounded once to the model dtype,
-        # exactly as the SwiGLU kernel would have written it
+        # exactly as the SwiGLU kernel would have written it (and, QUANT_X, quantized with the
+        # FP8 GEMM's input scale as the SwiGLU-quantize kernel would have)
         g = xt.to(tl.float32)
         xt = (g / (1.0 + tl.exp(-g)) * ut.to(tl.float32)).to(xt.dtype)
-    if QUANT_X:
-        # quantized with the FP8 GEMM's input scale, as the quantize (or, GATED, the
-        # SwiGLU-quantize) kernel would have written it
-        xt = quant_fp8(xt.to(tl.float32), sx)
+        if QUANT_X:
+            xt = quant_fp8(xt.to(tl.float32), sx)
     w4 = tl.reshape(wt.to(tl.float32), [1, BLOCK_N, BLOCK_K // VEC, VEC])
     x4 = tl.reshape(xt.to(tl.float32), [BLOCK_M, 1, BLOCK_K // VEC, VEC])
     return acc + tl.sum(w4 * x4, axis=3)
@@ -154,9 +153,8 @@ def _gemv_kernel(
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
     SCALED: x and w are FP8 with per-tensor scales (float32 [] at sx_ptr, sw_ptr): the fp32
     sum (products of fp8 values are exact) is multiplied by sx * sw before the bias.
-    QUANT_X (with SCALED): x arrives in the model dtype and is quantized to FP8 with sx as it
-    is loaded (the quantize kernel folded into the FP8 GEMV, e.g. of the attention output for
-    the o projection; GATED: the SwiGLU-quantize kernel, into the down projection).
+    QUANT_X (with GATED, SCALED): x arrives in the model dtype and is quantized to FP8 with
+    sx as it is loaded (the SwiGLU-quantize kernel folded into the FP8 down projection).
 
     K and the row strides come divided by VEC (16 bytes of the weight's elements), so the
     compiler knows every row starts 16-byte aligned and emits 16-byte weight loads for any K
@@ -239,15 +237,15 @@ _GEMV_DEVICES = ("cuda", "meta") + (("cpu",) if os.environ.get("TRITON_INTERPRET
 def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=None) -> bool:
     """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
     multiple of 16 bytes: every real model; anything else goes to cuBLAS). gated: x is
-    [gate | up], twice weight's K wide. FP8 weights (with FP8 x, or x in the model dtype,
-    quantized on load) give `out_dtype`."""
+    [gate | up], twice weight's K wide. FP8 weights (with FP8 x, or gated x in the model
+    dtype, quantized on load) give `out_dtype`."""
     T = x.shape[0] if x.dim() == 2 else 0
     vec = 16 // weight.element_size()
     f8, halves = torch.float8_e4m3fn, (torch.bfloat16, torch.float16)
     dtypes_ok = (
         (x.dtype in halves and weight.dtype == x.dtype)  # plain (gated or not)
         or (x.dtype == f8 and weight.dtype == f8 and not gated)  # FP8, x quantized before
-        or (x.dtype in halves and weight.dtype == f8)  # FP8, x quantized on load (gated or not)
+        or (gated and x.dtype in halves and weight.dtype == f8)  # FP8, x quantized on load
     )
     out_dtype = out_dtype or x.dtype
     return (

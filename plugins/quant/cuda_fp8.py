@@ -72,15 +72,10 @@ def make_fp8_linear(tactic: Tactic | None = None):
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """x: [T, K] (model dtype, or float8_e4m3fn already quantized with input_scale by a
-        fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N].
-        A GEMV tactic quantizes x in the model dtype as it loads it (no quantize launch)."""
-        scales = (input_scale, weight_scale)
-        if max_m and x.dtype != torch.float8_e4m3fn:
-            dtype = out_dtype or x.dtype
-            if gemv_ok(x, weight, bias, None, max_m, out_dtype=dtype):
-                return launch_gemv(x, weight, bias, None, params, False, scales, dtype)
+        fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N]."""
         xq, out_dtype = fp8_operand(x, input_scale, out_dtype, quantize)
         if max_m and gemv_ok(xq, weight, bias, None, max_m, out_dtype=out_dtype):
+            scales = (input_scale, weight_scale)
             return launch_gemv(xq, weight, bias, None, params, False, scales, out_dtype)
         if not _scaled_mm_ok(xq, weight, out_dtype):
             return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
