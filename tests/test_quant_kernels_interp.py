@@ -138,36 +138,6 @@ else:
         assert len(launched) == 2 * max_m  # T = max_m + 1 took the other path
 
     @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
-    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-    def test_fp8_gemv_quantizes_x_on_load(tactic, dtype, monkeypatch):
-        """x in the model dtype (the attention output before the o projection): a GEMV tactic
-        quantizes it as it loads it, with no quantize launch, to the same bits as the quantize
-        kernel then the GEMV; past max_m rows the quantize kernel and cuBLASLt's path run."""
-        quantized = []
-        real = tq.quantize_fp8
-        monkeypatch.setattr(
-            cuda_fp8, "quantize_fp8", lambda *a, **k: quantized.append(1) or real(*a, **k)
-        )
-        torch.manual_seed(6)
-        max_m = tactic.as_dict()["max_m"]
-        K, N = tactic.as_dict()["block_k"] + 48, 37
-        w = torch.randn(N, K) * 0.05
-        ws, xs = w.abs().max() / 448, torch.tensor(0.01)
-        weight, b = qref.quantize_fp8(w, ws), torch.randn(N).to(dtype)
-        fn = cuda_fp8.make_fp8_linear(tactic)
-        for T in range(1, max_m + 1):
-            x = torch.randn(T, K).to(dtype)
-            out = fn(x, weight, ws, xs, b)
-            assert out.dtype == dtype and quantized == [], T
-            unfused = fn(real(x, xs), weight, ws, xs, b, out_dtype=dtype)
-            assert torch.equal(out, unfused), T
-            with pdl.scope(True):
-                assert torch.equal(fn(x, weight, ws, xs, b), out), T
-            assert rel_err(out, qref.fp8_linear(x, weight, ws, xs, b)) < 1e-2, T  # bf16 ulps
-        fn(torch.randn(max_m + 1, K).to(dtype), weight, ws, xs, b)
-        assert quantized == [1]  # more rows than the GEMV takes: quantize, then the GEMM
-
-    @pytest.mark.parametrize("tactic", FP8_GEMVS, ids=lambda t: t.name)
     def test_fp8_swiglu_gemv(tactic, monkeypatch):
         """SwiGLU-quantize folded into the FP8 down projection's GEMV: the same bits as the
         SwiGLU-quantize kernel then the FP8 GEMV, and the reference's values."""
