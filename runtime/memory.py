@@ -47,16 +47,17 @@ def num_kv_blocks(
     activations (call after the weights are on the device), up to twice what max_batch_size
     full sequences need (the rest of that headroom keeps finished prefixes for reuse).
     tp: sized for one rank's shard of the pool (the ranks then agree on the smallest)."""
+    # NOTE: checked on the CPU too, where it is unused: a wrong flag is refused everywhere
+    if not 0.0 < free_gpu_memory_fraction <= 1.0:
+        raise ConfigError(
+            f"--kv-cache-free-gpu-memory-fraction must be in (0, 1], got {free_gpu_memory_fraction}"
+        )
     per_block = kv_bytes_per_block(cfg, build.tokens_per_block, dtype, tp)
     blocks_per_seq = -(-build.max_seq_len // build.tokens_per_block)
     if device.type != "cuda":
         return min(
             build.max_batch_size * blocks_per_seq,
             max(blocks_per_seq, CPU_KV_BUDGET_BYTES // per_block),
-        )
-    if not 0.0 < free_gpu_memory_fraction <= 1.0:
-        raise ConfigError(
-            f"--kv-cache-free-gpu-memory-fraction must be in (0, 1], got {free_gpu_memory_fraction}"
         )
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)

@@ -290,6 +290,12 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "top_p",
     )
+    for fraction in ("0", "1.5"):
+        assert_one_line_error(
+            invoke("run-engine", "--engine-dir", engine, "--input-text", "x",
+                   "--max-output-len", "2", "--kv-cache-free-gpu-memory-fraction", fraction),
+            "must be in (0, 1]",
+        )  # fmt: skip
     assert_one_line_error(
         invoke(
             "run-engine",
