@@ -120,6 +120,9 @@ class Decoder:
         self.fp8_fused = quant.mode == "fp8" and all(
             hasattr(ops, n) for n in ("rms_norm_quant_fp8", "swiglu_quant_fp8")
         )
+        # ...and the attention kernels quantize their output for the FP8 o projection (one
+        # quantize launch fewer per layer; the same bits)
+        self.fp8_attn_out = self.fp8_fused
         # ...and the SwiGLU-quantize folded into the FP8 down projection (engines that have it)
         self.fp8_swiglu_down = None
         if self.fp8_fused and hasattr(ops, "fp8_swiglu_gemm"):
@@ -151,6 +154,8 @@ class Decoder:
         k_cache, v_cache = kv.layer(i)
         # FP8 KV cache (quantization): the per-layer scales ride along; nothing extra otherwise.
         fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
+        # the o projection's FP8 input, quantized by the attention kernels (`fp8_attn_out`)
+        out_q = {"out_scale": w[p + "o.input_scale"]} if self.fp8_attn_out else {}
         if self.fused_rope_kv:
             q = ops.rope_kv_write(
                 q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping, **fp8
@@ -171,6 +176,7 @@ class Decoder:
             max_context_len=meta.max_context_len,
             num_decodes=meta.num_decodes,
             **fp8,
+            **out_q,
         )
         out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)
         if self.comm is not None:

@@ -329,6 +329,31 @@ def test_fp8_prefill(tactic, bs, transposed):
 
 
 @needs_fp8
+@pytest.mark.parametrize(
+    "decode", [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2]], ids=lambda t: t.name
+)
+def test_fp8_attention_output_quantized_bit_exact(decode):
+    """out_scale (the FP8 o projection's input): every path stores the bits of the quantize
+    kernel applied to the bf16 output: decode with the context split (merged in the last
+    program) and not, prefill, and a mixed step's trailing decodes."""
+    fn = dec.make_paged_attention(dec.combine_tactics(decode, pf.PREFILL_TACTICS[0]))
+    cases = (
+        ([1] * 5, [1, 17, 300, 1100, 64], 1, 0, 4096),  # decode, splits
+        ([1] * 5, [1, 17, 300, 1100, 64], 1, 0, 64),  # decode, one split
+        ([300, 77, 1, 1], [300, 500, 40, 900], 300, 2, None),  # prefill rows, then decodes
+    )
+    for new, ctx, max_q, nd, max_ctx in cases:
+        kc, vc, bt, cl, sc = _fp8_cache(ctx)
+        qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
+        q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
+        kw = dict(max_query_len=max_q, max_context_len=max_ctx, num_decodes=nd, **sc)
+        plain = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw)
+        os = plain.float().abs().max() / 448
+        fused = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out_scale=os, **kw)
+        assert fused.dtype == F8 and same_bits(fused, tq.quantize_fp8(plain, os)), new
+
+
+@needs_fp8
 def test_fp8_attention_queries_past_fp16_range():
     """With an FP8 cache the dots run in fp16 on q / 16: a bf16 query past fp16's 65504 must
     not overflow (unscaled, or scaled after the fp16 conversion, which LLVM once rewrote it

@@ -287,8 +287,8 @@ def test_int4_awq_fp8_lm_head_matches_modelopt_fake_quant(quantized):
 
 
 def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path):
-    """The FP8 engine's fused norm/SwiGLU quantization is the unfused path bit for bit: each
-    fused op quantizes with the input scale of the GEMM it feeds."""
+    """The FP8 engine's fused norm/SwiGLU/attention-output quantization is the unfused path bit
+    for bit: each fused op quantizes with the input scale of the GEMM it feeds."""
     from ingot.compiler.build import build_engine
     from ingot.runtime.engine import load_engine
     from ingot.runtime.executor import Executor
@@ -306,6 +306,9 @@ def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path)
         return torch.cat(req.prompt_logits)
 
     fused = prompt_logits()
+    assert ex.decoder.fp8_attn_out
+    ex.decoder.fp8_attn_out = False  # the o projection quantizes the attention output itself
+    assert torch.equal(prompt_logits(), fused)
     ex.decoder.fp8_fused = False  # quantize inside each FP8 GEMM instead
     assert torch.equal(prompt_logits(), fused)
     # a wrong scale would show: feed the qkv GEMMs the gate/up input scales

@@ -117,6 +117,14 @@ def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
         fused = {"rms_norm_quant_fp8", "swiglu_quant_fp8"}  # FP8 engines only
         assert fused <= names if mode == "fp8" else not fused & names
         assert d["extra"]["kernels"] > 0 and (out / "kernels.bin").is_file()
+        # FP8: the attention kernels quantize their output for the o projection (an out scale)
+        from ingot.plugins import aot
+
+        kernels = aot.bundle_manifest((out / "kernels.bin").read_bytes())["kernels"]
+        attn = [k for k in kernels if k["name"] in ("_decode_kernel", "_prefill_kernel")]
+        assert {k["name"] for k in attn} == {"_decode_kernel", "_prefill_kernel"}
+        quant_out = {k["signature"]["os_ptr"] == "*fp32" for k in attn}
+        assert quant_out == ({True} if mode == "fp8" else {False})
 
 
 def _convert(hf: Path, out: Path, *args):

@@ -376,6 +376,34 @@ else:
         out2 = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=20, **scales)
         assert calls == [] and rel_err(out2, ref) < 5e-2
 
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_attention_output_quantized_for_the_fp8_o_projection(kind, dtype, monkeypatch):
+        """out_scale: the kernels store the bits the quantize kernel gives from their output in
+        the model dtype: decode with several splits (merged in the last program) and with one,
+        prefill, and a mixed step's trailing decodes; the reference quantizes its own output."""
+        monkeypatch.setattr(dec, "merge_splits", lambda g, d_pad, warps: 2)
+        torch.manual_seed(13)
+        fn = dec.make_paged_attention(dec.combine_tactics(dec.DECODE_TACTICS[3], SMALL_TILES[1]))
+        cases = (
+            ([1, 1], [100, 7], 1, 0, 256),  # decode: four splits for the 100-key sequence
+            ([1, 1], [100, 7], 1, 0, 32),  # decode, one split
+            ([7, 20, 1, 1], [7, 60, 40, 9], 20, 2, None),  # prefill rows, then two decodes
+        )
+        for new, ctx, max_q, nd, max_ctx in cases:
+            q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, dtype, kind)
+            kw = dict(max_query_len=max_q, max_context_len=max_ctx, num_decodes=nd, **scales)
+            plain = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw)
+            os = plain.float().abs().max() / 448  # as calibration would set it
+            fused = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out_scale=os, **kw)
+            assert fused.dtype == F8 and same_bits(fused, tq.quantize_fp8(plain, os)), new
+            ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+            ref_q = attn_ref.paged_attention(
+                q, kc, vc, bt, cl, qsl, HD**-0.5, out_scale=os, **scales
+            )
+            assert same_bits(ref_q, qref.quantize_fp8(ref, os))
+            assert rel_err(fused.float() * os, ref.float()) < 5e-2, new
+
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too;
     # gqa: the two q heads of a kv head packed into one tile (8 queries each)
     SMALL_TILES = [

@@ -51,7 +51,7 @@ def test_large_batches_run_the_large_batch_decode_tactic(monkeypatch):
     LARGE_BATCH_ROWS sequences x kv heads on, and its small-batch one below."""
     small, large = dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2]
     seen = []
-    monkeypatch.setattr(dec, "launch_decode", lambda *a: seen.append(a[9]))
+    monkeypatch.setattr(dec, "launch_decode", lambda *a, **kw: seen.append(a[9]))
     fn = dec.make_paged_attention(dec.combine_tactics(small, dec.PREFILL_TACTICS[0], large))
     hkv = LLAMA_3_1_8B.num_kv_heads
     for batch in (1, dec.LARGE_BATCH_ROWS // hkv - 1, dec.LARGE_BATCH_ROWS // hkv, 128):

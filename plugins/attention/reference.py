@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..quant.reference import quantize_fp8
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -75,6 +77,7 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_decodes: int = 0,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -86,8 +89,16 @@ def paged_attention(
     reference derives what it needs), as is num_decodes (how many sequences at the end have
     one query each). out: optional [T, Hq, hd] result buffer.
     k_scale / v_scale: an FP8 KV cache's scales (see write_kv); None for a plain cache.
-    Returns [T, Hq, hd] in q.dtype.
+    out_scale: the result in q.dtype is quantized to float8_e4m3fn with it (float32 []), as the
+    FP8 o projection quantizes its input (quant/reference.py: quantize_fp8).
+    Returns [T, Hq, hd] in q.dtype (float8_e4m3fn with out_scale).
     """
+    if out_scale is not None:
+        kw = dict(max_query_len=max_query_len, max_context_len=max_context_len)
+        o = paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+                            scale, sliding_window, k_scale=k_scale, v_scale=v_scale, **kw)  # fmt: skip
+        o = quantize_fp8(o, out_scale)
+        return o if out is None else out.copy_(o)
     out = torch.empty_like(q) if out is None else out
     hq = q.shape[1]
     starts = query_start_loc.tolist()

@@ -27,7 +27,15 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 from .layout import check_kv_layout
-from .triton_prefill import LOG2E, PREFILL_TACTICS, fp16_query, kv_tile, launch_prefill, load_v
+from .triton_prefill import (
+    LOG2E,
+    PREFILL_TACTICS,
+    fp16_query,
+    kv_tile,
+    launch_prefill,
+    load_v,
+    out_values,
+)
 
 DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
@@ -148,6 +156,7 @@ def _decode_kernel(
     po_ptr,
     pml_ptr,
     cnt_ptr,
+    os_ptr,
     scale_log2,
     window,
     G,
@@ -174,6 +183,7 @@ def _decode_kernel(
     G_POW2: tl.constexpr,
     MERGE_SPLITS: tl.constexpr,
     PDL: tl.constexpr = False,
+    QUANT_OUT: tl.constexpr = False,
 ):
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
@@ -251,23 +261,26 @@ def _decode_kernel(
                 if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == n_used - 1:
                     tl.debug_barrier()
                     _merge_splits(
-                        po_ptr, pml_ptr, out_ptr, b, kvh, G, n_used, NUM_SPLITS, sot, soh,
-                        HD, G_POW2, MERGE_SPLITS, D_PAD,
+                        po_ptr, pml_ptr, q_ptr, out_ptr, os_ptr, b, kvh, G, n_used, NUM_SPLITS,
+                        sot, soh, HD, G_POW2, MERGE_SPLITS, D_PAD, QUANT_OUT,
                     )  # fmt: skip
                     tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zeroed for next time
             else:  # the only split with keys
-                _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh)
+                _write_out(q_ptr, out_ptr, os_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh,
+                           QUANT_OUT)  # fmt: skip
         else:
-            _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh)
+            _write_out(q_ptr, out_ptr, os_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh, QUANT_OUT)
 
 
 @triton.jit
-def _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh):
+def _write_out(
+    q_ptr, out_ptr, os_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh, QUANT_OUT: tl.constexpr
+):
     """out rows of `heads` = acc / l_i (a split that saw every key of its sequence)."""
     l_i = tl.where(l_i > 0.0, l_i, 1.0)
     tl.store(
         out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
-        (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+        out_values(acc / l_i[:, None], q_ptr, out_ptr, os_ptr, QUANT_OUT),
         mask=gm[:, None] & dm[None, :],
     )
 
@@ -276,7 +289,9 @@ def _write_out(out_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh):
 def _merge_splits(
     po_ptr,
     pml_ptr,
+    q_ptr,
     out_ptr,
+    os_ptr,
     b,
     kvh,
     G,
@@ -288,6 +303,7 @@ def _merge_splits(
     G_POW2: tl.constexpr,
     MERGE_SPLITS: tl.constexpr,
     D_PAD: tl.constexpr,
+    QUANT_OUT: tl.constexpr,
 ):
     """out[b, heads of kv head kvh] = the splits' partials merged (flash-decoding): MERGE_SPLITS
     splits of all G heads per step, [G_POW2, MERGE_SPLITS, D_PAD] fp32."""
@@ -321,9 +337,15 @@ def _merge_splits(
     l_run = tl.where(l_run > 0.0, l_run, 1.0)
     tl.store(
         out_ptr + b.to(tl.int64) * sot + heads[:, None] * soh + d[None, :],
-        (acc / l_run[:, None]).to(out_ptr.dtype.element_ty),
+        out_values(acc / l_run[:, None], q_ptr, out_ptr, os_ptr, QUANT_OUT),
         mask=gm[:, None] & (d < HD)[None, :],
     )
+
+
+def empty_out(q: torch.Tensor, out_scale: torch.Tensor | None) -> torch.Tensor:
+    """The attention output buffer: q's shape, in q's dtype or FP8 (quantized with out_scale)."""
+    return torch.empty(q.shape, dtype=q.dtype if out_scale is None else torch.float8_e4m3fn,
+                       device=q.device)  # fmt: skip
 
 
 def merge_splits(g: int, d_pad: int, num_warps: int) -> int:
@@ -346,11 +368,12 @@ def launch_decode(
     k_scale=None,
     v_scale=None,
     seq0=0,
+    out_scale=None,
 ) -> None:
     """q: [B, Hq, hd] (one query per sequence: row b is sequence seq0 + b of block_tables and
     context_lens). `window` <= 0: none. `max_context_len` (an upper bound is fine) sizes the
     split grid. k_scale / v_scale: an FP8 KV cache's scales (float32 []) or None (then the
-    kernel is the plain one)."""
+    kernel is the plain one). out_scale: out is float8_e4m3fn, the output quantized with it."""
     B, hq, hd = q.shape
     hkv = k_cache.shape[2]
     if B == 0:
@@ -385,6 +408,7 @@ def launch_decode(
         po,
         pml,
         cnt,
+        out_scale,
         float(scale) * LOG2E,
         int(window),
         g,
@@ -410,6 +434,7 @@ def launch_decode(
         D_PAD=d_pad,
         G_POW2=triton.next_power_of_2(g),
         MERGE_SPLITS=merge_splits(g, d_pad, num_warps),
+        QUANT_OUT=out_scale is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
@@ -508,6 +533,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         num_decodes: int = 0,
+        out_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reference's contract (q: [T, Hq, hd] packed -> [T, Hq, hd]), plus metadata:
 
@@ -521,8 +547,9 @@ def make_paged_attention(tactic: Tactic | None = None):
             float8_e4m3fn K/V by them on load; None: a plain cache (the kernels are unchanged).
         num_decodes: the last num_decodes sequences have one query each (a mixed step's
             decodes, known on the host); with max_query_len > 1 they run the decode kernel.
+        out_scale: the output quantized to float8_e4m3fn with it (the reference's contract).
         """
-        out = torch.empty_like(q) if out is None else out
+        out = empty_out(q, out_scale) if out is None else out
         window = int(sliding_window) if sliding_window else 0
         if max_query_len is None:
             if q.shape[0] == 0:
@@ -535,6 +562,7 @@ def make_paged_attention(tactic: Tactic | None = None):
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window,
                 int(max_context_len or table_len), out, decode_params(B * hkv), k_scale, v_scale,
+                out_scale=out_scale,
             )  # fmt: skip
             return out
         nd = num_decodes if 0 < num_decodes < B else 0
@@ -543,13 +571,14 @@ def make_paged_attention(tactic: Tactic | None = None):
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
-            pf_params, k_scale, v_scale,
+            pf_params, k_scale, v_scale, out_scale,
         )  # fmt: skip
         if nd:
             # NOTE: split as the decode graphs do (the table's width): the same binaries
             launch_decode(
                 q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
                 table_len, out[T - nd :], decode_params(nd * hkv), k_scale, v_scale, seq0=B - nd,
+                out_scale=out_scale,
             )  # fmt: skip
         return out
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
+from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from .layout import check_kv_layout
 
@@ -185,6 +186,16 @@ def _attend(
 
 
 @triton.jit
+def out_values(o, q_ptr, out_ptr, os_ptr, QUANT_OUT: tl.constexpr):
+    """The attention output o (fp32) as stored: in out's dtype, or QUANT_OUT: rounded to the
+    model dtype (q's) and quantized to FP8 with the scale at os_ptr, the bits the quantize
+    kernel would have written from the model-dtype output (the FP8 o projection's input)."""
+    if QUANT_OUT:
+        return quant_fp8(o.to(q_ptr.dtype.element_ty).to(tl.float32), tl.load(os_ptr))
+    return o.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     kc_ptr,
@@ -195,6 +206,7 @@ def _prefill_kernel(
     ctx_ptr,
     qsl_ptr,
     out_ptr,
+    os_ptr,
     scale_log2,
     window,
     G,
@@ -217,6 +229,7 @@ def _prefill_kernel(
     D_PAD: tl.constexpr,
     PDL: tl.constexpr = False,
     PACK: tl.constexpr = 1,
+    QUANT_OUT: tl.constexpr = False,
 ):
     """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
     (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
@@ -284,7 +297,7 @@ def _prefill_kernel(
         o = acc / l_i[:, None]
         tl.store(
             out_ptr + rows[:, None] * sot + heads[:, None] * soh + d[None, :],
-            o.to(out_ptr.dtype.element_ty),
+            out_values(o, q_ptr, out_ptr, os_ptr, QUANT_OUT),
             mask=mrow[:, None] & dm[None, :],
         )
 
@@ -303,10 +316,12 @@ def launch_prefill(
     params,
     k_scale=None,
     v_scale=None,
+    out_scale=None,
 ) -> None:
     """Launch the prefill kernel. `window` <= 0 means no sliding window; `max_query_len` sizes
     the grid (an upper bound is fine). k_scale / v_scale: an FP8 KV cache's scales (float32 [])
-    or None (then the kernel is the plain one)."""
+    or None (then the kernel is the plain one). out_scale: out is float8_e4m3fn, the output
+    quantized with it (float32 [])."""
     T, hq, hd = q.shape
     hkv = k_cache.shape[2]
     B = context_lens.shape[0]
@@ -329,6 +344,7 @@ def launch_prefill(
         context_lens,
         query_start_loc,
         out,
+        out_scale,
         float(scale) * LOG2E,
         int(window),
         g,
@@ -352,6 +368,7 @@ def launch_prefill(
         num_warps=int(params.get("num_warps", 4)),
         num_stages=int(params.get("num_stages", 2)),
         PACK=pack,
+        QUANT_OUT=out_scale is not None,
         **launch_options(),
     )
 
