@@ -120,16 +120,14 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     if (off / "latency.json").is_file():  # COMPARE_PIPELINE
         lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
         row["decode_b1_tok_s_no_pipeline"] = lat_off["decode_tok_s_per_request"]["mean"]
-    for p in sorted(off.glob("tput_*/throughput.json")):
-        res = json.loads(p.read_text())["results"][0]["ingot"]
-        row[p.parent.name + "_no_pipeline_output_tok_s"] = res["output_tok_s"]
-        row[p.parent.name + "_no_pipeline_step_mix"] = res.get("step_mix")
-    for p in sorted((out / mode).glob("tput_*/throughput.json")):
-        res = json.loads(p.read_text())["results"][0]["ingot"]
-        row[p.parent.name + "_output_tok_s"] = res["output_tok_s"]
-        # where the run's time went: decode-only / prefill-only / mixed steps
-        row[p.parent.name + "_step_mix"] = res.get("step_mix")
-        row[p.parent.name + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
+    # the throughput points, and (COMPARE_PIPELINE) the same points unpipelined
+    for where, tag in ((out / mode, ""), (off, "_no_pipeline")):
+        for p in sorted(where.glob("tput_*/throughput.json")):
+            res = json.loads(p.read_text())["results"][0]["ingot"]
+            row[p.parent.name + tag + "_output_tok_s"] = res["output_tok_s"]
+            # where the run's time went: decode-only / prefill-only / mixed steps
+            row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
+            row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
     summary[mode] = row
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
