@@ -92,7 +92,9 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
 LARGE_BATCH_ROWS = 256
 
 # the split programs' done-counters, [rows] int32 per device: zeroed once, left zeroed by
-# every launch; never freed (captured graphs hold their address), only outgrown
+# every launch; never freed (captured graphs hold their address), only outgrown.
+# NOTE: one decode launch at a time per device (the executor's one stream): two running at once
+# on two streams would count on the same counters.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MIN_COUNTERS = 1 << 16
 
