@@ -70,7 +70,7 @@ def run_engine_cmd(
     """Load an engine and generate text for all prompts with inflight batching (a
     tensor-parallel engine runs one process per rank)."""
     from ingot.runtime.llm import LLM
-    from ingot.runtime.types import SamplingParams
+    from ingot.runtime.types import FinishReason, SamplingParams
 
     prompts = _read_prompts(input_text, input_file)
     if policy not in ("guaranteed_no_evict", "max_utilization"):
@@ -100,6 +100,7 @@ def run_engine_cmd(
     def on_text(i: int, delta: str) -> None:
         typer.echo(f"[{i}] +{delta!r}" if len(prompts) > 1 else delta, nl=len(prompts) > 1)
 
+    max_seq_len = llm.engine.config.build.max_seq_len
     try:
         outs = llm.generate(prompts, params, on_text if streaming else None)
     finally:
@@ -116,5 +117,12 @@ def run_engine_cmd(
         typer.echo(
             f"[{i}] Output: {c.text!r}  ({len(c.token_ids)} tokens, {c.finish_reason.name.lower()})"
         )
+        if c.finish_reason == FinishReason.LENGTH and len(c.token_ids) < max_output_len:
+            typer.echo(
+                f"note: request {i} reached the engine's max_seq_len ({max_seq_len} tokens with "
+                f"the prompt) before --max-output-len {max_output_len}; rebuild with a larger "
+                "--max-seq-len for longer outputs",
+                err=True,
+            )
     if failed:
         raise typer.Exit(2)

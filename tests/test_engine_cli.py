@@ -242,6 +242,24 @@ def test_interrupted_build_leaves_nothing(ckpt, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_outputs_cut_by_max_seq_len_get_a_note(engine):
+    """Asking for more new tokens than the engine's max_seq_len leaves: the output stops there
+    (finish reason length), exit 0, and one note on stderr says why; none when it fits."""
+    max_seq_len = json.loads((engine / "config.json").read_text())["build"]["max_seq_len"]
+    r = invoke("run-engine", "--engine-dir", engine, "--input-text", "Hello there",
+               "--max-output-len", 10 * max_seq_len)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "tokens, length)" in r.stdout
+    (note,) = r.stderr.strip().splitlines()
+    assert (
+        note.startswith("note: request 0 reached the engine's max_seq_len")
+        and "--max-seq-len" in note
+    )
+    r = invoke("run-engine", "--engine-dir", engine, "--input-text", "Hello there",
+               "--max-output-len", 3)  # fmt: skip
+    assert r.exit_code == 0 and "note:" not in r.stderr
+
+
 def test_bad_flags(ckpt, engine, tmp_path):
     out = tmp_path / "e"
     assert_one_line_error(
