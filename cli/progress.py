@@ -11,20 +11,30 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 @contextmanager
 def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """The bar starts with the first update: a command that fails before any work (bad input)
+    prints its one error line and nothing else."""
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description:<20}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=not console.is_terminal,
-    ) as bar:
-        tasks: dict[str, int] = {}
+    bar: Progress | None = None
+    tasks: dict[str, int] = {}
 
-        def update(step: str, done: int, total: int) -> None:
-            if step not in tasks:
-                tasks[step] = bar.add_task(step, total=total)
-            bar.update(tasks[step], completed=done, total=total)
+    def update(step: str, done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(
+                TextColumn("{task.description:<20}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=not console.is_terminal,
+            )
+            bar.start()
+        if step not in tasks:
+            tasks[step] = bar.add_task(step, total=total)
+        bar.update(tasks[step], completed=done, total=total)
 
+    try:
         yield update
+    finally:
+        if bar is not None:
+            bar.stop()

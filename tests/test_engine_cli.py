@@ -290,10 +290,9 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "no-such-preset",
     )
-    assert_one_line_error(
-        invoke("build-engine", "--checkpoint-dir", tmp_path / "nope", "--output-dir", out),
-        "checkpoint",
-    )
+    r = invoke("build-engine", "--checkpoint-dir", tmp_path / "nope", "--output-dir", out)
+    assert_one_line_error(r, "checkpoint")
+    assert r.stderr.startswith("error: ")  # no progress bar's blank line before it
     assert_one_line_error(
         invoke(
             "run-engine",
