@@ -16,7 +16,7 @@ import torch
 from .kv_cache import KVCache
 from .model import AttnMetadata, Decoder
 from .sampler import greedy_tokens
-from .step_inputs import segments
+from .step_inputs import recorded_event, segments
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -49,16 +49,6 @@ def packed_int32(
     host, h = pinned_int32(sizes, device)
     dev = torch.empty(end, dtype=torch.int32, device=device)
     return host, dev, h, [dev[a : a + n] for a, n in zip(starts, sizes, strict=True)]
-
-
-def _recorded_event(dev: torch.Tensor) -> torch.cuda.Event | None:
-    """An event after the work queued so far (None off CUDA: Triton's interpreter runs these
-    classes on the CPU in the tests, where every copy has finished when it returns)."""
-    if dev.device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
 
 
 def capture_graphs(
@@ -185,7 +175,7 @@ class DecodeGraphs:
         self._pad_rows(b, bucket)
         end = self._tables_at + bucket * self._width
         self.dev[:end].copy_(self.host[:end], non_blocking=True)
-        self._copied[i] = _recorded_event(self.dev)
+        self._copied[i] = recorded_event(self.dev.device)
         if ids is not None:
             self.ids[:b].copy_(ids)
         self.graphs[bucket].replay()
@@ -301,6 +291,6 @@ class PrefillGraphs:
             bucket,
         )
         self.dev.copy_(self.host, non_blocking=True)
-        self._copied = _recorded_event(self.dev)
+        self._copied = recorded_event(self.dev.device)
         self.graphs[bucket].replay()
         return self.out[bucket]

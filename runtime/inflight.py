@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .step_inputs import recorded_event
 from .types import Request
 
 
@@ -63,8 +64,7 @@ class TokenReadback:
         n = step.argmax.shape[0]
         step.host = self._bufs[i][:n]
         step.host.copy_(step.argmax, non_blocking=True)
-        step.ready = self._events[i] = torch.cuda.Event()
-        step.ready.record()
+        step.ready = self._events[i] = recorded_event(step.argmax.device)
 
     @staticmethod
     def tokens(step: Launched) -> list[int]:

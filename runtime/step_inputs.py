@@ -13,6 +13,17 @@ import numpy as np
 import torch
 
 
+def recorded_event(device: torch.device) -> torch.cuda.Event | None:
+    """An event after the work queued so far, to wait on before the host reuses a pinned
+    buffer an asynchronous copy reads or fills (None off CUDA: there every copy has finished
+    when it returns; Triton's interpreter runs the graph classes on the CPU in the tests)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def segments(sizes: list[int]) -> tuple[list[int], int]:
     """(start of each segment, total length) for int32 segments of `sizes`, each starting
     16-byte aligned: Triton specializes kernels on pointer alignment, and the ahead-of-time
@@ -46,9 +57,7 @@ class StepInputs:
             h[s : s + a.size] = a.reshape(-1)
         dev = torch.empty(end, dtype=torch.int32, device=self.device)
         dev.copy_(self._host[:end], non_blocking=self._cuda)
-        if self._cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._copied = recorded_event(self.device)
         return {
             k: dev[s : s + a.size].view(a.shape)
             for (k, a), s in zip(flat.items(), starts, strict=True)
