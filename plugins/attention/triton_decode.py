@@ -96,6 +96,7 @@ LARGE_BATCH_ROWS = 256
 # NOTE: one decode launch at a time per device (the executor's one stream): two running at once
 # on two streams would count on the same counters.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
 _MIN_COUNTERS = 1 << 16
 
 
@@ -111,7 +112,6 @@ def _counters(rows: int, device: torch.device) -> torch.Tensor:
     return buf
 
 
-_OUTGROWN: list = []
 # Programs (sequence x kv head x split) that keep the GPU busy. Splitting a context only pays
 # while sequences x kv heads alone are fewer; a constant (not the SM count) so the AOT dry run
 # on `meta` picks the same split plan as the GPU.
