@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ingot.plugins import Tactic, get_spec, load, pdl, target_kind
+from ingot.plugins.attention.reference import decode_rows
 
 from .config import ModelConfig, QuantConfig
 from .distributed import vocab_range
@@ -111,6 +112,9 @@ class Decoder:
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
         # RoPE fused with the KV write when the engine has it (engines built before it do not)
         self.fused_rope_kv = hasattr(ops, "rope_kv_write")
+        # FP8 pools (V transposed per block): the decode rows' V is stored by the attention
+        # kernel, in whole sectors, instead of one byte per row by the RoPE kernel
+        self.decode_writes_v = self.fused_rope_kv and self.fp8_kv
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
@@ -156,10 +160,16 @@ class Decoder:
         fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
         # the o projection's FP8 input, quantized by the attention kernels (`fp8_attn_out`)
         out_q = {"out_scale": w[p + "o.input_scale"]} if self.fp8_attn_out else {}
+        rope_kw, attn_kw = dict(fp8), dict(fp8, **out_q)
+        if self.decode_writes_v:
+            t = q.shape[0]
+            n = decode_rows(t, meta.context_lens.shape[0], meta.max_query_len, meta.num_decodes)
+            rope_kw["v_rows"], attn_kw["new_v"] = t - n, v[t - n :]
         if self.fused_rope_kv:
             q = ops.rope_kv_write(
-                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping, **fp8
-            )
+                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping,
+                **rope_kw,
+            )  # fmt: skip
         else:
             q, k = ops.rope(q, k, positions, self.cos, self.sin)
             ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
@@ -175,8 +185,7 @@ class Decoder:
             max_query_len=meta.max_query_len,
             max_context_len=meta.max_context_len,
             num_decodes=meta.num_decodes,
-            **fp8,
-            **out_q,
+            **attn_kw,
         )
         out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)
         if self.comm is not None:

@@ -42,22 +42,25 @@ from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072), (128, 2112), (512, 192))
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
-KV_KINDS = ("bf16", "fp8", "fp8_v_rows")
+KV_KINDS = ("bf16", "fp8", "fp8_v_rows", "fp8_new_v")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
 
 
 def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS):
-    """kv: "bf16", "fp8" (V transposed per block, as FP8 pools store it) or "fp8_v_rows" (V
-    token-major like K: the layout before 12-03)."""
+    """kv: "bf16", "fp8" (V transposed per block, as FP8 pools store it), "fp8_v_rows" (V
+    token-major like K: the layout before 12-03) or "fp8_new_v" (as "fp8", the kernel storing
+    each sequence's newest V first, as the FP8 engines' decode steps do)."""
     q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
     kw = {"max_context_len": bt.shape[1] * ENGINE_BS}  # as the engine's graphs: the table's width
     elem = 2
     if kv != "bf16":
         kc, vc, elem = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 1
-        vc = to_v_layout(vc, transposed=kv == "fp8")
+        vc = to_v_layout(vc, transposed=kv != "fp8_v_rows")
         one = torch.ones((), device=DEV, dtype=torch.float32)
         kw |= {"k_scale": one, "v_scale": one}
+        if kv == "fp8_new_v":
+            kw["new_v"] = torch.randn(B, HKV, HD, device=DEV, dtype=BF16)
     t = time_tactics("paged_attention", tactics,
                      fixed((q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD)), kw), reps,
                      factory=dec.make_decode_attention)  # fmt: skip

@@ -75,7 +75,8 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
     to tell what its cost is, the same into an FP8 pool with V token-major and a BF16 pool.
     Slots: "scattered" (one token per sequence, as a decode step writes: each token lands in
     another block, so its transposed V touches 1,024 sectors a byte each) or "runs" (a
-    prompt's consecutive slots, as a prefill chunk writes)."""
+    prompt's consecutive slots, as a prefill chunk writes). "fp8 v by attention": a decode
+    step's write into the engines' FP8 pool now (K only: the attention kernel stores V)."""
     cos, sin = (
         c.to(DEV)
         for c in rope_ref.cos_sin_cache(rope_ref.inv_freq(HD, 500000.0, "llama3", 8.0), 8192)
@@ -94,11 +95,17 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
         else:  # runs of 2,048 consecutive slots from block-aligned starts
             starts = torch.randperm(nb // 64, device=DEV)[: T // 2048] * 64 * BS
             slots = (starts[:, None] + torch.arange(2048, device=DEV)).reshape(-1).int()
-        for pool in ("fp8", "fp8_v_token_major", "bf16"):
+        pools = ("fp8", "fp8_v_token_major", "bf16")
+        if slot_kind == "scattered" and T == 512:
+            pools += ("fp8_v_by_attention",)
+        for pool in pools:
             dtype = BF16 if pool == "bf16" else F8
             kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=dtype)
-            vc = v_like(kc, transposed=pool == "fp8")  # the FP8 engines' layout: transposed
+            # the FP8 engines' layout: V transposed
+            vc = v_like(kc, transposed=pool in ("fp8", "fp8_v_by_attention"))
             scales = {"k_scale": ks, "v_scale": vs} if dtype == F8 else {}
+            if pool == "fp8_v_by_attention":
+                scales["v_rows"] = 0
             t = time_tactics(
                 "rope",
                 rope.ROPE_TACTICS,
@@ -108,7 +115,7 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
             )
             # reads q, k, v and cos/sin rows; writes q and k, v into the pool
             nbytes = T * ((HQ + 2 * HKV) * HD * 2 + HQ * HD * 2 + HD * 8)
-            nbytes += T * 2 * HKV * HD * dtype.itemsize
+            nbytes += T * (1 if pool == "fp8_v_by_attention" else 2) * HKV * HD * dtype.itemsize
             record(rows, f"rope_write_kv {pool}", f"T={T} {slot_kind}", t, nbytes, bw=bw)
 
 

@@ -125,6 +125,8 @@ def main(family: str, quant: str = "none") -> None:
     assert used["decode"] > 0 and used["prefill"] >= 3, used
     assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
+    # an FP8 pool's decode rows: V stored by the attention kernel (new_v), not by RoPE
+    assert ex.decoder.decode_writes_v == (quant == "fp8")
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
     check_swiglu_gemv()
     print("ok", family, quant, used)

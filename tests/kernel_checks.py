@@ -49,3 +49,29 @@ def rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, scales, cache
     assert torch.equal(fused_q, q2)
     assert same_bits(caches[0], caches[2]) and same_bits(caches[1], caches[3])
     return fused_q, caches[0], caches[1]
+
+
+def new_v_stored_by_attention(fn, q, kc, vc, bt, cl, qsl, scale, kw):
+    """paged_attention with new_v (the decode rows' V, stored by the kernel) against the
+    reference storing the same V first and the kernel attending without it: equal V caches
+    (bits: the segment stored around each new token keeps its other bytes) and equal outputs.
+    kw: the call's metadata (max_query_len, num_decodes, ...) and an FP8 cache's scales."""
+    from ingot.plugins.attention import reference as attn_ref
+
+    n = attn_ref.decode_rows(q.shape[0], cl.shape[0], kw["max_query_len"], kw.get("num_decodes", 0))
+    assert n > 0
+    new_v = torch.randn(n, kc.shape[2], kc.shape[3], device=q.device, dtype=q.dtype)
+    vc_ref = vc.clone() if vc.stride() == kc.stride() else _same_layout_copy(vc)
+    attn_ref.write_decode_v(new_v, vc_ref, bt, cl, kw.get("v_scale"))
+    assert not torch.equal(vc_ref.view(torch.uint8), vc.view(torch.uint8)), "nothing to store"
+    want = fn(q, kc, vc_ref, bt, cl, qsl, scale, **kw)
+    got = fn(q, kc, vc, bt, cl, qsl, scale, new_v=new_v, **kw)
+    assert torch.equal(vc.view(torch.uint8), vc_ref.view(torch.uint8))
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def _same_layout_copy(v_cache: torch.Tensor) -> torch.Tensor:
+    """A copy of a transposed V cache that keeps its strides (clone() would make it dense)."""
+    from ingot.plugins.attention.layout import to_v_layout
+
+    return to_v_layout(v_cache, transposed=True)

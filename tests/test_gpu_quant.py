@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import fp8_hard_values, rel_err, rope_fp8_write_fused_vs_unfused, same_bits
+from kernel_checks import (
+    fp8_hard_values,
+    new_v_stored_by_attention,
+    rel_err,
+    rope_fp8_write_fused_vs_unfused,
+    same_bits,
+)
 
 from ingot.plugins.attention import reference as attn_ref
 from ingot.plugins.attention import triton_decode as dec
@@ -351,6 +357,36 @@ def test_fp8_attention_output_quantized_bit_exact(decode):
         os = plain.float().abs().max() / 448
         fused = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out_scale=os, **kw)
         assert fused.dtype == F8 and same_bits(fused, tq.quantize_fp8(plain, os)), new
+
+
+@needs_fp8
+@pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
+@pytest.mark.parametrize("bs", [16, 32, 64])  # segments of 16 tokens; 32-byte sectors
+@pytest.mark.parametrize(
+    "decode",
+    [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4], dec.DECODE_TACTICS[-2], dec.DECODE_TACTICS[-1]],
+    ids=lambda t: t.name,
+)
+def test_fp8_decode_rows_v_stored_by_the_attention_kernel(decode, bs, transposed):
+    """new_v: the decode kernel stores each decode row's V (a transposed V: the segment of its
+    block around it, stored whole) and attends to it: the cache's bits and the output equal the
+    V stored first, through split contexts (the last split stores it, the others must not
+    race it), one split, a batch past LARGE_BATCH_ROWS and a mixed step's trailing decodes."""
+    torch.manual_seed(21)
+    fn = dec.make_paged_attention(dec.combine_tactics(decode, pf.PREFILL_TACTICS[0], decode))
+    many = torch.randint(1, 700, (40,)).tolist()
+    cases = (
+        ([1] * 7, [1, 17, 300, 1100, 64, 33, 32], 1, 0, 4096),  # decode, splits
+        ([1] * 7, [1, 17, 300, 1100, 64, 33, 32], 1, 0, 64),  # decode, one split
+        ([1] * 40, many, 1, 0, None),  # 40 x 8 kv heads: the large-batch tactic
+        ([300, 77, 1, 1], [300, 500, 40, 900], 300, 2, None),  # prefill rows, then decodes
+    )
+    for new, ctx, max_q, nd, max_ctx in cases:
+        kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs, transposed=transposed)
+        qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
+        q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
+        kw = dict(max_query_len=max_q, max_context_len=max_ctx, num_decodes=nd, **sc)
+        new_v_stored_by_attention(fn, q, kc, vc, bt, cl, qsl, HD**-0.5, kw)
 
 
 @needs_fp8

@@ -319,6 +319,50 @@ def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path)
     assert not torch.equal(prompt_logits(), fused)
 
 
+def test_fp8_kv_decode_v_stored_by_attention(quantized, tmp_path):
+    """FP8 KV engines store the decode rows' V in paged_attention (new_v) instead of the RoPE
+    kernel: the same tokens and the same KV pool bits, through decode-only steps and mixed steps
+    (a prompt's chunks beside the decodes)."""
+    from ingot.compiler.build import build_engine
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.executor import Executor
+    from ingot.runtime.types import SamplingParams
+
+    build = {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 32, "tokens_per_block": 16}
+    engine = build_engine(quantized["fp8"], tmp_path / "engine", target="cpu", overrides=build)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 23, 17, 70)]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+
+    def run(by_attention: bool) -> tuple[list[list[int]], torch.Tensor, int]:
+        ex = Executor(load_engine(engine), enable_prefix_reuse=False)
+        assert ex.decoder.decode_writes_v
+        ex.decoder.decode_writes_v = by_attention
+        calls = []
+        attention = ex.decoder.ops._fns[("paged_attention", None)]
+
+        def counted(*a, **kw):  # (decode rows handed over, sequences) per call
+            calls.append((0 if kw.get("new_v") is None else kw["new_v"].shape[0], a[4].numel()))
+            return attention(*a, **kw)
+
+        ex.decoder.ops._fns[("paged_attention", None)] = counted
+        reqs = [ex.add_request(p, params) for p in prompts[:-1]]
+        for _ in range(3):
+            ex.step()
+        reqs.append(ex.add_request(prompts[-1], params))  # its chunks join the decodes
+        ex.run_until_done()
+        pool = torch.cat([t.reshape(-1) for i in range(ex.config.model.num_layers)
+                          for t in ex.kv.layer(i)]).view(torch.uint8)  # fmt: skip
+        return [r.output_ids for r in reqs], pool, calls
+
+    tokens, pool, calls = run(True)
+    assert calls[0][0] == 0 and (4, 4) in calls  # a prefill, decode-only steps
+    assert any(0 < n < b for n, b in calls)  # and mixed steps
+    tokens_rope, pool_rope, calls_rope = run(False)
+    assert {n for n, _ in calls_rope} == {0}
+    assert tokens == tokens_rope and torch.equal(pool, pool_rope)
+
+
 @pytest.mark.parametrize("trained", [False, True])
 def test_gpu_e2e_model_is_robust_to_summation_order(tmp_path, monkeypatch, trained):
     """Why tests/test_gpu_quant_e2e.py trains its model: 1e-3 relative noise in the FP8 GEMM

@@ -34,7 +34,13 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
-    from kernel_checks import fp8_hard_values, rel_err, rope_fp8_write_fused_vs_unfused, same_bits
+    from kernel_checks import (
+        fp8_hard_values,
+        new_v_stored_by_attention,
+        rel_err,
+        rope_fp8_write_fused_vs_unfused,
+        same_bits,
+    )
 
     from ingot.plugins import pdl
     from ingot.plugins.attention import reference as attn_ref
@@ -48,6 +54,7 @@ else:
     from ingot.plugins.quant import triton_w4a16 as tw
     from ingot.plugins.registry import Tactic
     from ingot.plugins.rope import reference as rope_ref
+    from ingot.plugins.rope import triton_kernels as rope_gpu
 
     F8 = torch.float8_e4m3fn
 
@@ -403,6 +410,47 @@ else:
             )
             assert same_bits(ref_q, qref.quantize_fp8(ref, os))
             assert rel_err(fused.float() * os, ref.float()) < 5e-2, new
+
+    @pytest.mark.parametrize("kind", KV_KINDS)
+    @pytest.mark.parametrize("bs", [BS, 32])  # 16-token segments; whole 32-byte sectors
+    def test_decode_rows_v_stored_by_the_attention_kernel(kind, bs):
+        """new_v: the decode kernel stores each decode row's V (the segment of its block
+        around it, stored whole) before attending, whether the context splits (the last split
+        stores it), fits one split, or the decodes trail a mixed step's prefill rows; newest
+        keys at a block's first and last slot."""
+        torch.manual_seed(14)
+        fn = dec.make_paged_attention(dec.combine_tactics(dec.DECODE_TACTICS[3], SMALL_TILES[1]))
+        cases = (
+            ([1, 1, 1], [70, 32, 17], 1, 0, 256),  # decode: splits
+            ([1, 1, 1], [70, 32, 17], 1, 0, 32),  # decode, one split
+            ([7, 20, 1, 1], [7, 60, 40, 17], 20, 2, None),  # prefill rows, then two decodes
+        )
+        for new, ctx, max_q, nd, max_ctx in cases:
+            q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind, bs)
+            kw = dict(max_query_len=max_q, max_context_len=max_ctx, num_decodes=nd, **scales)
+            new_v_stored_by_attention(fn, q, kc, vc, bt, cl, qsl, HD**-0.5, kw)
+
+    def test_rope_write_kv_leaves_the_decode_rows_v():
+        """v_rows: K of every token, V of the first v_rows only, in the Triton kernel and the
+        reference alike (each against itself writing every V)."""
+        torch.manual_seed(15)
+        T, t = 12, 9
+        q, k, v = (torch.randn(T, h, HD).to(torch.float16) for h in (HQ, HKV, HKV))
+        pos = torch.randint(0, 64, (T,)).int()
+        theta = torch.rand(64, HD // 2) * 6
+        cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+        slots = torch.randperm(NB * BS)[:T].int()
+        blk, off = slots.long() // BS, slots.long() % BS
+        scales = {"k_scale": torch.tensor(0.01), "v_scale": torch.tensor(0.004)}
+        for impl in (rope_gpu.make_rope_write_kv(None), rope_ref.rope_write_kv):
+            kc = torch.zeros(NB, BS, HKV, HD, dtype=F8)
+            (k1, v1), (k2, v2) = (kc, v_like(kc)), (kc.clone(), v_like(kc))
+            impl(q, k, v, pos, cos, sin, k1, v1, slots, v_rows=t, **scales)
+            impl(q, k, v, pos, cos, sin, k2, v2, slots, **scales)
+            assert same_bits(k1, k2)
+            v_at, v_all = (c[blk, off].view(torch.uint8).flatten(1) for c in (v1, v2))
+            assert torch.equal(v_at[:t], v_all[:t]) and v_all.any(-1).all()
+            assert not v_at[t:].any()
 
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too;
     # gqa: the two q heads of a kv head packed into one tile (8 queries each)

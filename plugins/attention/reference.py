@@ -30,13 +30,49 @@ def write_kv(
     k_scale / v_scale (float32 [], FP8 KV cache): store k / k_scale and v / v_scale saturated
     to float8_e4m3fn; attention multiplies them back. None: store k, v cast to the cache dtype.
     """
-    bs = k_cache.shape[1]
-    slots = slot_mapping.long()
-    blk, off = slots // bs, slots % bs
-    if k_scale is not None and v_scale is not None:
-        k, v = _to_fp8(k, k_scale), _to_fp8(v, v_scale)
-    k_cache[blk, off] = k.to(k_cache.dtype)
-    v_cache[blk, off] = v.to(v_cache.dtype)
+    fp8 = k_scale is not None and v_scale is not None
+    write_cache(k, k_cache, slot_mapping, k_scale if fp8 else None)
+    write_cache(v, v_cache, slot_mapping, v_scale if fp8 else None)
+
+
+def write_cache(
+    x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None
+) -> None:
+    """One of write_kv's halves: x [T, Hkv, hd] into `cache` at flat slots; with `scale`,
+    quantized to float8_e4m3fn."""
+    bs = cache.shape[1]
+    slots = slots.long()
+    if scale is not None:
+        x = _to_fp8(x, scale)
+    cache[slots // bs, slots % bs] = x.to(cache.dtype)
+
+
+def decode_rows(num_tokens: int, num_seqs: int, max_query_len: int, num_decodes: int) -> int:
+    """How many sequences at the end of a step (one query row each, the last rows of q) the
+    GPU attention runs as decodes: all of them in a decode-only step, else the mixed step's
+    trailing `num_decodes` (the prefill kernel takes the rest). `new_v` of paged_attention holds
+    the V of exactly these rows."""
+    if max_query_len == 1 and num_tokens == num_seqs:
+        return num_seqs
+    return num_decodes if 0 < num_decodes < num_seqs else 0
+
+
+def write_decode_v(
+    new_v: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    v_scale: torch.Tensor | None,
+) -> None:
+    """new_v [n, Hkv, hd]: the V of the last n sequences' newest token (position ctx - 1),
+    written where their block tables put it."""
+    n = new_v.shape[0]
+    if n == 0:
+        return
+    bs = v_cache.shape[1]
+    pos = context_lens[-n:].long() - 1
+    blk = block_tables[-n:].long().gather(1, (pos // bs)[:, None])[:, 0]
+    write_cache(new_v, v_cache, blk * bs + pos % bs, v_scale)
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -78,6 +114,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     num_decodes: int = 0,
     out_scale: torch.Tensor | None = None,
+    new_v: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -91,8 +128,18 @@ def paged_attention(
     k_scale / v_scale: an FP8 KV cache's scales (see write_kv); None for a plain cache.
     out_scale: the result in q.dtype is quantized to float8_e4m3fn with it (float32 []), as the
     FP8 o projection quantizes its input (quant/reference.py: quantize_fp8).
+    new_v: [n, Hkv, hd], n = decode_rows(...): the V of the step's decode rows, not yet in the
+    cache; written first (at position ctx - 1, quantized as write_kv does). The GPU decode
+    kernel stores it with the block's other tokens, in whole 32-byte sectors (an FP8 pool's
+    transposed V takes one byte per row of 32: a scattered one-byte write costs far more).
     Returns [T, Hq, hd] in q.dtype (float8_e4m3fn with out_scale).
     """
+    if new_v is not None:
+        if max_query_len is None:
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        n = decode_rows(q.shape[0], context_lens.shape[0], max_query_len, num_decodes)
+        check_new_v(new_v, n)
+        write_decode_v(new_v, v_cache, block_tables, context_lens, v_scale)
     if out_scale is not None:
         kw = dict(max_query_len=max_query_len, max_context_len=max_context_len)
         o = paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
@@ -136,6 +183,11 @@ def paged_attention(
         o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[q0:q1] = o[0].transpose(0, 1)
     return out
+
+
+def check_new_v(new_v: torch.Tensor, n: int) -> None:
+    if new_v.shape[0] != n:
+        raise ValueError(f"paged_attention: new_v has {new_v.shape[0]} rows for {n} decode rows")
 
 
 def make_write_kv(tactic=None):

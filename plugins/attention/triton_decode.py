@@ -10,6 +10,12 @@ group's partials and writes the output (no second kernel: at batch 1 a separate 
 cost 2.5 us per layer plus its launch gap on the H200). The counter goes back to zero in the
 same program, so every launch (and CUDA-graph replay) finds it zeroed.
 
+With `new_v` (FP8 engines' decode rows) the program whose split holds a sequence's newest key
+first stores that token's V into the cache, as the block's whole 32-token segment (an FP8 pool
+keeps V transposed, so the token is one byte in each of hd 32-byte rows: written alone, each is a
+partial-sector write, which made the RoPE kernel's KV write at batch 512 three times slower than
+with V token-major on the H200); a CTA barrier, then the loop reads it back like any key.
+
 The number of splits is fixed by an upper bound on the context (the block table's width by
 default: no host sync, the same launch for every step of a CUDA graph), but each sequence
 divides its own context (the part inside the sliding window) evenly over them, in multiples
@@ -20,13 +26,17 @@ split instead of leaving most programs idle and a few walking long partitions (H
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
+from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from .layout import check_kv_layout
+from .reference import check_new_v, decode_rows
 from .triton_prefill import (
     LOG2E,
     PREFILL_TACTICS,
@@ -159,6 +169,7 @@ def _decode_kernel(
     pml_ptr,
     cnt_ptr,
     os_ptr,
+    nv_ptr,
     scale_log2,
     window,
     G,
@@ -174,6 +185,8 @@ def _decode_kernel(
     s_tok,
     s_h,
     s_bt,
+    snt,
+    snh,
     V_T: tl.constexpr,
     SPLIT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -186,6 +199,8 @@ def _decode_kernel(
     MERGE_SPLITS: tl.constexpr,
     PDL: tl.constexpr = False,
     QUANT_OUT: tl.constexpr = False,
+    WRITE_V: tl.constexpr = False,
+    SEG: tl.constexpr = 32,
 ):
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
@@ -210,6 +225,11 @@ def _decode_kernel(
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
         bt_row = bt_ptr + (seq0 + b).to(tl.int64) * s_bt
+        if WRITE_V:
+            if end == ctx:  # the split holding the newest key stores its V, then reads it back
+                _store_new_v(nv_ptr + b.to(tl.int64) * snt + kvh * snh, vc_ptr, vs_ptr, bt_row,
+                             ctx - 1, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, KV_FP8, SEG)  # fmt: skip
+                tl.debug_barrier()
         if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
             scale_log2 = scale_log2 * tl.load(ks_ptr)
             if not IEEE:  # the dots run in fp16 (fp16_query)
@@ -272,6 +292,32 @@ def _decode_kernel(
                            QUANT_OUT)  # fmt: skip
         else:
             _write_out(q_ptr, out_ptr, os_ptr, acc, l_i, b, heads, d, gm, dm, sot, soh, QUANT_OUT)
+
+
+@triton.jit
+def _store_new_v(
+    nv_row, vc_ptr, vs_ptr, bt_row, pos, kvh, d, dm, s_blk, s_tok, s_h,
+    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, KV_FP8: tl.constexpr,
+    SEG: tl.constexpr,
+):  # fmt: skip
+    """The newest token's V (`nv_row`: [HD] in the model dtype) into the cache at `pos`. A
+    transposed (FP8) V: the SEG-token segment of the block around it is read, the token's
+    column replaced and the segment stored whole, so each of the HD rows is one full 32-byte
+    sector (a one-byte store per row made the KV write's time three times a token-major
+    one's on the H200: partial-sector writes). The other bytes are stored back unchanged."""
+    v = tl.load(nv_row + d, mask=dm, other=0.0)
+    if KV_FP8:
+        v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
+    v = v.to(vc_ptr.dtype.element_ty)
+    blk = tl.load(bt_row + pos // BS).to(tl.int64)
+    if V_T:
+        s0 = (pos % BS) // SEG * SEG
+        j = s0 + tl.arange(0, SEG)
+        ptr = vc_ptr + blk * s_blk + kvh * (HD * BS) + j[:, None] + d[None, :] * BS
+        seg = tl.load(ptr, mask=dm[None, :])
+        tl.store(ptr, tl.where(j[:, None] == pos % BS, v[None, :], seg), mask=dm[None, :])
+    else:
+        tl.store(vc_ptr + blk * s_blk + (pos % BS) * s_tok + kvh * s_h + d, v, mask=dm)
 
 
 @triton.jit
@@ -371,11 +417,13 @@ def launch_decode(
     v_scale=None,
     seq0=0,
     out_scale=None,
+    new_v=None,
 ) -> None:
     """q: [B, Hq, hd] (one query per sequence: row b is sequence seq0 + b of block_tables and
     context_lens). `window` <= 0: none. `max_context_len` (an upper bound is fine) sizes the
     split grid. k_scale / v_scale: an FP8 KV cache's scales (float32 []) or None (then the
-    kernel is the plain one). out_scale: out is float8_e4m3fn, the output quantized with it."""
+    kernel is the plain one). out_scale: out is float8_e4m3fn, the output quantized with it.
+    new_v: [B, Hkv, hd], each row's newest V, stored into the cache first (reference.py)."""
     B, hq, hd = q.shape
     hkv = k_cache.shape[2]
     if B == 0:
@@ -411,6 +459,7 @@ def launch_decode(
         pml,
         cnt,
         out_scale,
+        new_v,
         float(scale) * LOG2E,
         int(window),
         g,
@@ -426,6 +475,8 @@ def launch_decode(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        new_v.stride(0) if new_v is not None else 0,
+        new_v.stride(1) if new_v is not None else 0,
         V_T=v_t,
         SPLIT=split,
         USE_WINDOW=use_window,
@@ -437,6 +488,8 @@ def launch_decode(
         G_POW2=triton.next_power_of_2(g),
         MERGE_SPLITS=merge_splits(g, d_pad, num_warps),
         QUANT_OUT=out_scale is not None,
+        WRITE_V=new_v is not None,
+        SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
@@ -489,6 +542,7 @@ def make_decode_attention(tactic: Tactic | None = None):
         out=None,
         k_scale=None,
         v_scale=None,
+        new_v=None,
     ):
         out = torch.empty_like(q) if out is None else out
         if max_context_len is None:
@@ -506,6 +560,7 @@ def make_decode_attention(tactic: Tactic | None = None):
             params,
             k_scale,
             v_scale,
+            new_v=new_v,
         )
         return out
 
@@ -536,6 +591,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         v_scale: torch.Tensor | None = None,
         num_decodes: int = 0,
         out_scale: torch.Tensor | None = None,
+        new_v: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reference's contract (q: [T, Hq, hd] packed -> [T, Hq, hd]), plus metadata:
 
@@ -550,6 +606,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         num_decodes: the last num_decodes sequences have one query each (a mixed step's
             decodes, known on the host); with max_query_len > 1 they run the decode kernel.
         out_scale: the output quantized to float8_e4m3fn with it (the reference's contract).
+        new_v: the decode rows' V, stored by the decode kernel (the reference's contract).
         """
         out = empty_out(q, out_scale) if out is None else out
         window = int(sliding_window) if sliding_window else 0
@@ -560,14 +617,16 @@ def make_paged_attention(tactic: Tactic | None = None):
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         B, T, hkv = context_lens.shape[0], q.shape[0], k_cache.shape[2]
         table_len = block_tables.shape[1] * k_cache.shape[1]
-        if max_query_len == 1 and T == B:
+        nd = decode_rows(T, B, int(max_query_len), num_decodes)
+        if new_v is not None:
+            check_new_v(new_v, nd)
+        if nd == B:
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window,
                 int(max_context_len or table_len), out, decode_params(B * hkv), k_scale, v_scale,
-                out_scale=out_scale,
+                out_scale=out_scale, new_v=new_v,
             )  # fmt: skip
             return out
-        nd = num_decodes if 0 < num_decodes < B else 0
         # the prefill kernel gives each sequence whole BLOCK_M-query tiles: the trailing
         # one-query rows of a mixed step go to the decode kernel instead (one launch each)
         launch_prefill(
@@ -580,7 +639,7 @@ def make_paged_attention(tactic: Tactic | None = None):
             launch_decode(
                 q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
                 table_len, out[T - nd :], decode_params(nd * hkv), k_scale, v_scale, seq0=B - nd,
-                out_scale=out_scale,
+                out_scale=out_scale, new_v=new_v,
             )  # fmt: skip
         return out
 

@@ -78,14 +78,19 @@ def rope_write_kv(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    v_rows: int | None = None,
 ) -> torch.Tensor:
     """RoPE on q and k, then k and v into the paged cache at `slot_mapping` (an FP8 cache:
     quantized with k_scale / v_scale, as `write_kv`); returns the rotated q [T, Hq, hd]. The
-    fused GPU kernel saves a launch and a pass over k."""
-    from ingot.plugins.attention.reference import write_kv
+    fused GPU kernel saves a launch and a pass over k. v_rows: V of the first v_rows tokens
+    only (the decode rows' V goes to paged_attention's new_v)."""
+    from ingot.plugins.attention.reference import write_cache
 
     q, k = apply_rope(q, k, positions, cos, sin)
-    write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    t = k.shape[0] if v_rows is None else int(v_rows)
+    fp8 = k_scale is not None and v_scale is not None
+    write_cache(k, k_cache, slot_mapping, k_scale if fp8 else None)
+    write_cache(v[:t], v_cache, slot_mapping[:t], v_scale if fp8 else None)
     if q_out is None:
         return q
     q_out.copy_(q)

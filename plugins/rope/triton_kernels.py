@@ -3,7 +3,9 @@
 `make_rope` has the reference's contract (returns new rotated q, k). `make_rope_write_kv` is the
 fused decoder step: rotate q and k, scatter the rotated k and the plain v into the paged cache
 (as `attention.reference.write_kv` would), and return the rotated q — one launch instead of two.
-Both accept q/k/v as strided views of a fused QKV projection (last dim contiguous).
+Both accept q/k/v as strided views of a fused QKV projection (last dim contiguous). With
+`v_rows`, V is written for the first v_rows tokens only: FP8 engines leave a step's decode rows'
+V to the decode attention kernel (`paged_attention(new_v=)`), which stores it in whole sectors.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def _rotate_heads(
                 tl.store(cb + HALF, y2.to(cache_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+# NOTE: v_rows is not specialized: one binary whether a step writes every V (prefill), none
+# (decode graphs) or some (mixed steps)
+@triton.jit(do_not_specialize=["v_rows"])
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -109,6 +113,7 @@ def _rope_kernel(
     sv_tok,
     sv_h,
     sv_d,
+    v_rows,
     BS: tl.constexpr,
     WRITE_K_OUT: tl.constexpr,
     WRITE_CACHE: tl.constexpr,
@@ -184,7 +189,7 @@ def _rope_kernel(
         HALF_PAD,
     )
     if WRITE_CACHE:
-        if slot >= 0:
+        if (slot >= 0) & (t < v_rows):
             h = tl.arange(0, HKV_PAD)[:, None]
             dd = tl.arange(0, 2 * HALF_PAD)[None, :]
             m = (h < HKV) & (dd < 2 * HALF)
@@ -203,9 +208,11 @@ def _check_last_dim(*ts: torch.Tensor) -> None:
 
 
 def _launch(
-    q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots, params, scales=None
-):
-    """scales: (k_scale, v_scale) of an FP8 KV cache (float32 []), or None."""
+    q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots, params, scales=None,
+    v_rows=None,
+):  # fmt: skip
+    """scales: (k_scale, v_scale) of an FP8 KV cache (float32 []), or None. v_rows: V is
+    written for the first v_rows tokens only (None: all)."""
     T, hq, hd = q.shape
     hkv = k.shape[1]
     if hd % 2:
@@ -249,6 +256,7 @@ def _launch(
         k_cache.stride(1) if write_cache else 0,
         k_cache.stride(2) if write_cache else 0,
         *(v_cache.stride() if write_cache else (0, 0, 0, 0)),
+        T if v_rows is None else int(v_rows),
         BS=k_cache.shape[1] if write_cache else 1,
         WRITE_K_OUT=k_out is not None,
         WRITE_CACHE=write_cache,
@@ -301,16 +309,18 @@ def make_rope_write_kv(tactic: Tactic | None = None):
         *,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        v_rows: int | None = None,
     ) -> torch.Tensor:
         """Equivalent to `q, k = apply_rope(q, k, ...)` then `write_kv(k, v, caches, slots,
         k_scale=, v_scale=)` (scales: an FP8 KV cache's); returns the rotated q [T, Hq, hd].
-        Slots < 0 are skipped (padding tokens)."""
+        Slots < 0 are skipped (padding tokens). v_rows: only the first v_rows tokens' V is
+        written (the rest is the decode rows' V, which paged_attention stores: new_v)."""
         _check_last_dim(q, k, v)
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if q_out is None else q_out
         scales = (k_scale, v_scale) if k_scale is not None and v_scale is not None else None
         _launch(
             q, k, v, positions, cos, sin, q_out, None, k_cache, v_cache, slot_mapping, params,
-            scales,
+            scales, v_rows,
         )  # fmt: skip
         return q_out
 
