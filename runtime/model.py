@@ -112,9 +112,11 @@ class Decoder:
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
         # RoPE fused with the KV write when the engine has it (engines built before it do not)
         self.fused_rope_kv = hasattr(ops, "rope_kv_write")
-        # FP8 pools (V transposed per block): the decode rows' V is stored by the attention
-        # kernel, in whole sectors, instead of one byte per row by the RoPE kernel
-        self.decode_writes_v = self.fused_rope_kv and self.fp8_kv
+        # The decode rows' V stored by the decode attention kernel (paged_attention new_v; in
+        # whole 32-byte sectors in an FP8 pool, which keeps V transposed) instead of by the RoPE
+        # kernel (a byte in each of hd sectors). Off: on the H200 the kernel's store ahead of
+        # its loop cost more than the RoPE kernel saved (docs/performance.md, 12-03 19:25).
+        self.decode_writes_v = False
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
@@ -161,7 +163,7 @@ class Decoder:
         # the o projection's FP8 input, quantized by the attention kernels (`fp8_attn_out`)
         out_q = {"out_scale": w[p + "o.input_scale"]} if self.fp8_attn_out else {}
         rope_kw, attn_kw = dict(fp8), dict(fp8, **out_q)
-        if self.decode_writes_v:
+        if self.decode_writes_v and self.fused_rope_kv:
             t = q.shape[0]
             n = decode_rows(t, meta.context_lens.shape[0], meta.max_query_len, meta.num_decodes)
             rope_kw["v_rows"], attn_kw["new_v"] = t - n, v[t - n :]

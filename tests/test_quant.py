@@ -320,9 +320,9 @@ def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path)
 
 
 def test_fp8_kv_decode_v_stored_by_attention(quantized, tmp_path):
-    """FP8 KV engines store the decode rows' V in paged_attention (new_v) instead of the RoPE
-    kernel: the same tokens and the same KV pool bits, through decode-only steps and mixed steps
-    (a prompt's chunks beside the decodes)."""
+    """An FP8 KV engine storing the decode rows' V in paged_attention (new_v, the Decoder's
+    decode_writes_v option) instead of the RoPE kernel: the same tokens and the same KV pool
+    bits, through decode-only steps and mixed steps (a prompt's chunks beside the decodes)."""
     from ingot.compiler.build import build_engine
     from ingot.runtime.engine import load_engine
     from ingot.runtime.executor import Executor
@@ -336,7 +336,7 @@ def test_fp8_kv_decode_v_stored_by_attention(quantized, tmp_path):
 
     def run(by_attention: bool) -> tuple[list[list[int]], torch.Tensor, int]:
         ex = Executor(load_engine(engine), enable_prefix_reuse=False)
-        assert ex.decoder.decode_writes_v
+        assert not ex.decoder.decode_writes_v  # off by default (runtime/model.py)
         ex.decoder.decode_writes_v = by_attention
         calls = []
         attention = ex.decoder.ops._fns[("paged_attention", None)]

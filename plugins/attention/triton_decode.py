@@ -10,11 +10,15 @@ group's partials and writes the output (no second kernel: at batch 1 a separate 
 cost 2.5 us per layer plus its launch gap on the H200). The counter goes back to zero in the
 same program, so every launch (and CUDA-graph replay) finds it zeroed.
 
-With `new_v` (FP8 engines' decode rows) the program whose split holds a sequence's newest key
-first stores that token's V into the cache, as the block's whole 32-token segment (an FP8 pool
-keeps V transposed, so the token is one byte in each of hd 32-byte rows: written alone, each is a
-partial-sector write, which made the RoPE kernel's KV write at batch 512 three times slower than
-with V token-major on the H200); a CTA barrier, then the loop reads it back like any key.
+With `new_v` the program whose split holds a sequence's newest key first stores that token's V
+into the cache, as the block's whole 32-token segment (an FP8 pool keeps V transposed, so the
+token is one byte in each of hd 32-byte rows: written alone, each is a partial-sector write,
+which made the RoPE kernel's KV write at batch 512 three times slower than with V token-major
+on the H200); a CTA barrier, then the loop reads it back like any key. Measured on the H200 it
+costs more than it saves (three dependent memory round trips ahead of every short program:
++19 us per layer at 512 x 192 keys, against 15 us the RoPE kernel saves), so the engines leave
+it off (runtime/model.py: decode_writes_v). Putting the token into the loop's last V tile in
+registers instead needs 255 registers per thread against 164 (sm_90 SASS, one warp).
 
 The number of splits is fixed by an upper bound on the context (the block table's width by
 default: no host sync, the same launch for every step of a CUDA graph), but each sequence
