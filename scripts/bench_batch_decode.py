@@ -6,7 +6,8 @@ kernel, BF16 through torch); and their sum per step beside the bytes the step mu
     python3 scripts/bench_batch_decode.py --out batch_decode.json
 
 Shapes: Llama-3.1-8B. Points: (batch 128, context 3072) is the middle of 2048/2048 at 128
-requests; (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
+requests, (448, 3072) at 448 (the engines' large-batch tactic splits its contexts in two, not
+four); (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
-POINTS = ((128, 3072), (128, 2112), (512, 192))
+POINTS = ((128, 3072), (448, 3072), (128, 2112), (512, 192))
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
 KV_KINDS = ("bf16", "fp8", "fp8_v_rows", "fp8_new_v")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
