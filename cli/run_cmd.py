@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
 
 from ingot.runtime.errors import ConfigError
+
+# SamplingParams fields -> the run-engine flags that set them (for error messages)
+_FLAGS = {
+    "max_new_tokens": "--max-output-len",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "repetition_penalty": "--repetition-penalty",
+}
 
 
 def _read_prompts(texts: list[str] | None, input_file: Path | None) -> list[str]:
@@ -87,8 +97,11 @@ def run_engine_cmd(
             seed=seed,
             stop_words=tuple(stop_words or ()),
         )
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    except ValueError as e:  # named by its flag, not by the SamplingParams field
+        msg = str(e)
+        for field, flag in _FLAGS.items():
+            msg = re.sub(rf"^{field}\b", flag, msg)
+        raise ConfigError(msg) from None
     llm = LLM(
         engine_dir,
         num_kv_blocks=num_kv_blocks,
@@ -111,7 +124,9 @@ def run_engine_cmd(
     for i, c in enumerate(outs):
         if c.error:
             failed += 1
-            typer.echo(f"error: request {i}: {c.error}", err=True)
+            # NOTE: the executor's message starts with its own request id; the prompt's index here
+            msg = re.sub(r"^request \d+: ", "", c.error)
+            typer.echo(f"error: request {i}: {msg}", err=True)
             continue
         typer.echo(f"[{i}] Input: {c.prompt!r}")
         typer.echo(

@@ -205,7 +205,8 @@ def test_prompt_too_long_fails_that_request_only(engine):
     assert r.exit_code == 2
     assert "[0] Output:" in r.stdout and "[1] Output:" not in r.stdout
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: request 1:") and "64" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: request 1: prompt length") and "64" in err[0]
+    assert err[0].count("request") == 1  # the prompt's index, not the executor's id again
 
 
 def test_existing_output_is_kept_unless_force(ckpt, engine):
@@ -305,7 +306,11 @@ def test_bad_flags(ckpt, engine, tmp_path):
             "--top-p",
             "1.5",
         ),
-        "top_p",
+        "--top-p must be in (0, 1]",  # the flag, not the SamplingParams field
+    )
+    assert_one_line_error(
+        invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "0"),
+        "--max-output-len must be > 0",
     )
     for fraction in ("0", "1.5"):
         assert_one_line_error(
