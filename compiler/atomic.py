@@ -31,7 +31,8 @@ def atomic_output_dir(path: Path, force: bool, what: str) -> Iterator[Path]:
         )
     if _is_nonempty(path) and not force:
         raise OutputExistsError(
-            f"{path} already holds a {what}; it was kept", hint="pass --force to replace it"
+            f"{path} already holds {_article(what)} {what}; it was kept",
+            hint="pass --force to replace it",
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     # NOTE: same parent dir -> same filesystem, so the final rename is atomic.
@@ -64,3 +65,7 @@ def _commit(tmp: Path, path: Path) -> None:
         old.rename(path)  # put the good artifact back
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"

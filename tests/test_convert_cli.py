@@ -35,7 +35,7 @@ def test_convert_ok_then_refuse_then_force(tiny_hf_dir, tmp_path: Path) -> None:
     )
     before = (out / "rank0.safetensors").stat().st_mtime_ns
     assert_one_line_error(
-        invoke("--model-dir", hf, "--output-dir", out), "already holds", "--force"
+        invoke("--model-dir", hf, "--output-dir", out), "already holds a checkpoint", "--force"
     )
     assert (out / "rank0.safetensors").stat().st_mtime_ns == before
     assert invoke("--model-dir", hf, "--output-dir", out, "--force").exit_code == 0

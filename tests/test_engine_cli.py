@@ -212,7 +212,7 @@ def test_prompt_too_long_fails_that_request_only(engine):
 def test_existing_output_is_kept_unless_force(ckpt, engine):
     before = (engine / "config.json").read_text()
     r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", engine, "--target", "cpu")
-    assert_one_line_error(r, "already holds", "--force")
+    assert_one_line_error(r, "already holds an engine", "--force")
     assert (engine / "config.json").read_text() == before
     r = invoke(
         "build-engine",

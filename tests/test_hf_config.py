@@ -125,8 +125,9 @@ def test_unsupported_architecture_lists_supported() -> None:
 def test_missing_architectures() -> None:
     d = hf_dict("llama")
     del d["architectures"]
-    with pytest.raises(CheckpointError, match="unsupported architecture"):
+    with pytest.raises(CheckpointError, match="names no architecture") as e:
         model_config_from_hf(d)
+    assert "build-engine --checkpoint-dir" in e.value.one_line()  # an ingot checkpoint given?
 
 
 @pytest.mark.parametrize(

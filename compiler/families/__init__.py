@@ -112,6 +112,12 @@ def supported_architectures() -> list[str]:
 
 def family_for_architecture(arch: str | None) -> Family:
     """The family for an HF `architectures[0]`; CheckpointError listing the supported ones."""
+    if arch is None:
+        raise CheckpointError(
+            "config.json names no architecture (no `architectures` list)",
+            hint="point --model-dir at a Hugging Face model directory; an ingot checkpoint "
+            "goes to build-engine --checkpoint-dir",
+        )
     if arch not in ARCHITECTURES:
         raise CheckpointError(
             f"unsupported architecture {arch!r}; ingot supports "
