@@ -119,6 +119,12 @@ def read_engine_config(engine_dir: Path) -> EngineConfig:
         d = json.loads(path.read_text())
     except ValueError as e:
         raise EngineError(f"{path} is not valid JSON ({e})", REBUILD) from None
+    if isinstance(d, dict) and d.get("format") == "ingot-checkpoint":  # convert's output
+        raise EngineError(
+            f"{engine_dir} is an ingot checkpoint, not an engine",
+            f"build an engine from it: `ingot build-engine --checkpoint-dir {engine_dir} "
+            "--output-dir DIR`",
+        )
     if not isinstance(d, dict) or d.get("format") != ENGINE_FORMAT:
         raise EngineError(
             f"{engine_dir} is not an ingot engine (format is {d.get('format')!r})"

@@ -312,6 +312,11 @@ def test_bad_flags(ckpt, engine, tmp_path):
         invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "0"),
         "--max-output-len must be > 0",
     )
+    assert_one_line_error(  # a checkpoint where an engine belongs
+        invoke("run-engine", "--engine-dir", ckpt, "--input-text", "x", "--max-output-len", "2"),
+        "is an ingot checkpoint, not an engine",
+        f"build-engine --checkpoint-dir {ckpt}",
+    )
     for fraction in ("0", "1.5"):
         assert_one_line_error(
             invoke("run-engine", "--engine-dir", engine, "--input-text", "x",
