@@ -54,7 +54,9 @@ def rope_fp8_write_fused_vs_unfused(q, k, v, pos, cos, sin, slots, scales, cache
 def new_v_stored_by_attention(fn, q, kc, vc, bt, cl, qsl, scale, kw):
     """paged_attention with new_v (the decode rows' V, stored by the kernel) against the
     reference storing the same V first and the kernel attending without it: equal V caches
-    (bits: the segment stored around each new token keeps its other bytes) and equal outputs.
+    (bits: the segment stored around each new token keeps its other bytes) and outputs equal
+    but for summation order (the kernel takes the newest key's tile first), far closer than
+    attending to the cache without the new V.
     kw: the call's metadata (max_query_len, num_decodes, ...) and an FP8 cache's scales."""
     from ingot.plugins.attention import reference as attn_ref
 
@@ -65,9 +67,11 @@ def new_v_stored_by_attention(fn, q, kc, vc, bt, cl, qsl, scale, kw):
     attn_ref.write_decode_v(new_v, vc_ref, bt, cl, kw.get("v_scale"))
     assert not torch.equal(vc_ref.view(torch.uint8), vc.view(torch.uint8)), "nothing to store"
     want = fn(q, kc, vc_ref, bt, cl, qsl, scale, **kw)
+    stale = fn(q, kc, vc, bt, cl, qsl, scale, **kw)
     got = fn(q, kc, vc, bt, cl, qsl, scale, new_v=new_v, **kw)
     assert torch.equal(vc.view(torch.uint8), vc_ref.view(torch.uint8))
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    err = rel_err(got.float(), want.float())
+    assert err < 5e-3 and err < 0.1 * rel_err(stale.float(), want.float()), err
 
 
 def _same_layout_copy(v_cache: torch.Tensor) -> torch.Tensor:

@@ -369,9 +369,9 @@ def test_fp8_attention_output_quantized_bit_exact(decode):
 )
 def test_fp8_decode_rows_v_stored_by_the_attention_kernel(decode, bs, transposed):
     """new_v: the decode kernel stores each decode row's V (a transposed V: the segment of its
-    block around it, stored whole) and attends to it: the cache's bits and the output equal the
-    V stored first, through split contexts (the last split stores it, the others must not
-    race it), one split, a batch past LARGE_BATCH_ROWS and a mixed step's trailing decodes."""
+    block around it, stored whole) and attends to it: the cache's bits equal the V stored first
+    and the output does to summation order, through split contexts (the last split stores it),
+    one split, a batch past LARGE_BATCH_ROWS and a mixed step's trailing decodes."""
     torch.manual_seed(21)
     fn = dec.make_paged_attention(dec.combine_tactics(decode, pf.PREFILL_TACTICS[0], decode))
     many = torch.randint(1, 700, (40,)).tolist()

@@ -415,7 +415,7 @@ else:
     @pytest.mark.parametrize("bs", [BS, 32])  # 16-token segments; whole 32-byte sectors
     def test_decode_rows_v_stored_by_the_attention_kernel(kind, bs):
         """new_v: the decode kernel stores each decode row's V (the segment of its block
-        around it, stored whole) before attending, whether the context splits (the last split
+        around it, stored whole) and attends to it, whether the context splits (the last split
         stores it), fits one split, or the decodes trail a mixed step's prefill rows; newest
         keys at a block's first and last slot."""
         torch.manual_seed(14)

@@ -10,15 +10,16 @@ group's partials and writes the output (no second kernel: at batch 1 a separate 
 cost 2.5 us per layer plus its launch gap on the H200). The counter goes back to zero in the
 same program, so every launch (and CUDA-graph replay) finds it zeroed.
 
-With `new_v` the program whose split holds a sequence's newest key first stores that token's V
-into the cache, as the block's whole 32-token segment (an FP8 pool keeps V transposed, so the
-token is one byte in each of hd 32-byte rows: written alone, each is a partial-sector write,
-which made the RoPE kernel's KV write at batch 512 three times slower than with V token-major
-on the H200); a CTA barrier, then the loop reads it back like any key. Measured on the H200 it
-costs more than it saves (three dependent memory round trips ahead of every short program:
-+19 us per layer at 512 x 192 keys, against 15 us the RoPE kernel saves), so the engines leave
-it off (runtime/model.py: decode_writes_v). Putting the token into the loop's last V tile in
-registers instead needs 255 registers per thread against 164 (sm_90 SASS, one warp).
+With `new_v` the program whose split holds a sequence's newest key takes that key's tile first,
+puts the token's V into it in registers and stores the tile back whole when it is one 32-token
+segment of a transposed V (an FP8 pool's: the token alone is one byte in each of hd 32-byte
+rows, partial-sector writes that made the RoPE kernel's KV write at batch 512 three times
+slower on the H200). Its partials then differ from the plain kernel's in summation order only.
+A first version stored the token before the loop and read it back after a CTA barrier: +19 us
+per layer at 512 x 192 keys on the H200, more than the RoPE kernel saved, so engines leave
+new_v off (runtime/model.py: decode_writes_v). This version's cost is not measured yet; on
+sm_90 it takes 186 registers per thread with one warp against 164 (10 programs per SM instead
+of 12); putting the token into the loop's last tile instead took 255 and spilled.
 
 The number of splits is fixed by an upper bound on the context (the block table's width by
 default: no host sync, the same launch for every step of a CUDA graph), but each sequence
@@ -229,46 +230,29 @@ def _decode_kernel(
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
         bt_row = bt_ptr + (seq0 + b).to(tl.int64) * s_bt
-        if WRITE_V:
-            if end == ctx:  # the split holding the newest key stores its V, then reads it back
-                _store_new_v(nv_ptr + b.to(tl.int64) * snt + kvh * snh, vc_ptr, vs_ptr, bt_row,
-                             ctx - 1, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, KV_FP8, SEG)  # fmt: skip
-                tl.debug_barrier()
         if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
             scale_log2 = scale_log2 * tl.load(ks_ptr)
             if not IEEE:  # the dots run in fp16 (fp16_query)
                 q, scale_log2 = fp16_query(q, scale_log2)
-        for n0 in range(lo, end, BLOCK_N):
-            t = n0 + tl.arange(0, BLOCK_N)
-            tv = t < end
-            if USE_WINDOW:
-                tv = tv & (t > ctx - 1 - window)
-            base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
-            off = rows[:, None] + d[None, :]
-            kv_mask = tv[:, None] & dm[None, :]
-            # an FP8 cache's K/V convert exactly to q's dtype (fp16 unless IEEE); the scales
-            # are applied outside the loop
-            k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
-            v = load_v(
-                vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk,
-                HD, BS, V_T, BLOCK_N,
+        hi = end
+        if WRITE_V:
+            if end == ctx:
+                # this split holds the newest key: its tile first, the new V put in and stored
+                last = lo + (end - 1 - lo) // BLOCK_N * BLOCK_N
+                nv = _new_v(nv_ptr + b.to(tl.int64) * snt + kvh * snh, vs_ptr, vc_ptr, d, dm,
+                            KV_FP8)  # fmt: skip
+                m_i, l_i, acc = _decode_tile(
+                    q, m_i, l_i, acc, last, end, ctx, window, scale_log2, kc_ptr, vc_ptr, nv,
+                    bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
+                    BLOCK_N, SEG, True,
+                )  # fmt: skip
+                hi = last
+        for n0 in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _decode_tile(
+                q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
+                bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
+                BLOCK_N, SEG, False,
             )  # fmt: skip
-            # NOTE: float32 engines must not round to TF32 (they are checked token for token).
-            if IEEE:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
-            else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
-            s = tl.where(tv[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
             acc = acc * tl.load(vs_ptr)
         if SPLIT:
@@ -299,29 +283,82 @@ def _decode_kernel(
 
 
 @triton.jit
-def _store_new_v(
-    nv_row, vc_ptr, vs_ptr, bt_row, pos, kvh, d, dm, s_blk, s_tok, s_h,
-    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, KV_FP8: tl.constexpr,
-    SEG: tl.constexpr,
+def _decode_tile(
+    q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, nv, bt_row, kvh, d, dm,
+    s_blk, s_tok, s_h,
+    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, PUT_V: tl.constexpr,
 ):  # fmt: skip
-    """The newest token's V (`nv_row`: [HD] in the model dtype) into the cache at `pos`. A
-    transposed (FP8) V: the SEG-token segment of the block around it is read, the token's
-    column replaced and the segment stored whole, so each of the HD rows is one full 32-byte
-    sector (a one-byte store per row made the KV write's time three times a token-major
-    one's on the H200: partial-sector writes). The other bytes are stored back unchanged."""
+    """Keys n0 .. n0 + BLOCK_N - 1 (those < end) into the online softmax (m_i, l_i, acc).
+    PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    tv = t < end
+    if USE_WINDOW:
+        tv = tv & (t > ctx - 1 - window)
+    base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
+    off = rows[:, None] + d[None, :]
+    kv_mask = tv[:, None] & dm[None, :]
+    # an FP8 cache's K/V convert exactly to q's dtype (fp16 unless IEEE); the scales are
+    # applied outside the loop
+    k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
+    v = load_v(
+        vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N,
+    )  # fmt: skip
+    if PUT_V:
+        v = _put_new_v(vc_ptr, v, nv, bt_row, ctx - 1, n0, kvh, d, dm, s_blk, s_tok, s_h,
+                       HD, BS, V_T, BLOCK_N, SEG)  # fmt: skip
+    # NOTE: float32 engines must not round to TF32 (they are checked token for token).
+    if IEEE:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
+    s = tl.where(tv[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _new_v(nv_row, vs_ptr, vc_ptr, d, dm, KV_FP8: tl.constexpr):
+    """A decode row's new V ([D_PAD] at nv_row, the model dtype) in the cache's dtype: FP8
+    quantized as the KV write does."""
     v = tl.load(nv_row + d, mask=dm, other=0.0)
     if KV_FP8:
         v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
-    v = v.to(vc_ptr.dtype.element_ty)
+    return v.to(vc_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _put_new_v(
+    vc_ptr, v, nv, bt_row, pos, n0, kvh, d, dm, s_blk, s_tok, s_h,
+    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEG: tl.constexpr,
+):  # fmt: skip
+    """The V tile `v` [BLOCK_N, D_PAD] of keys n0.. with the newest key's (`pos`) column
+    replaced by `nv`, which is also stored into the cache. When the tile is one SEG-token
+    segment of a transposed (FP8) V, read whole by load_v, it is stored back whole: HD full
+    32-byte sectors, the other tokens' bytes unchanged."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    v = tl.where((t == pos)[:, None], nv[None, :], v)
     blk = tl.load(bt_row + pos // BS).to(tl.int64)
     if V_T:
-        s0 = (pos % BS) // SEG * SEG
-        j = s0 + tl.arange(0, SEG)
-        ptr = vc_ptr + blk * s_blk + kvh * (HD * BS) + j[:, None] + d[None, :] * BS
-        seg = tl.load(ptr, mask=dm[None, :])
-        tl.store(ptr, tl.where(j[:, None] == pos % BS, v[None, :], seg), mask=dm[None, :])
-    else:
-        tl.store(vc_ptr + blk * s_blk + (pos % BS) * s_tok + kvh * s_h + d, v, mask=dm)
+        if BLOCK_N == SEG and BS % BLOCK_N == 0:
+            # NOTE: load_v's addresses and hints: 16-byte stores along the tokens
+            r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N),
+                                  BLOCK_N)  # fmt: skip
+            ptr = vc_ptr + blk * s_blk + kvh * (HD * BS) + r[:, None] + d[None, :] * BS
+            tl.store(ptr, v, mask=dm[None, :])
+        else:  # the token's column alone
+            tl.store(vc_ptr + blk * s_blk + kvh * (HD * BS) + pos % BS + d * BS, nv, mask=dm)
+    else:  # V shares K's layout: one row
+        tl.store(vc_ptr + blk * s_blk + (pos % BS) * s_tok + kvh * s_h + d, nv, mask=dm)
+    return v
 
 
 @triton.jit
