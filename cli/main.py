@@ -83,7 +83,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(130) from None
         except Exception as e:
             # NOTE: matched by name so the CLI need not import torch to start.
-            if type(e).__name__ not in ("OutOfMemoryError", "MemoryError"):
+            # torch's CPU allocator raises a plain RuntimeError
+            host_oom = type(e).__name__ == "RuntimeError" and "can't allocate memory" in str(e)
+            if type(e).__name__ not in ("OutOfMemoryError", "MemoryError") and not host_oom:
                 raise
             where = "GPU" if type(e).__name__ == "OutOfMemoryError" else "host"
             fail(

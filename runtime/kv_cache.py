@@ -6,11 +6,14 @@ block's V transposed ([Hkv, hd, tokens_per_block]; plugins/attention/layout.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ingot.plugins.attention.layout import transposed_view, transposes_v
 
 from .config import ModelConfig
+from .errors import ConfigError
 
 
 class KVCache:
@@ -33,16 +36,21 @@ class KVCache:
         self.tokens_per_block = tokens_per_block
         # NOTE: zero-filled so that padded block-table entries (block 0) read finite values;
         # one block more than the scheduler's: the scratch block.
-        self.data = torch.zeros(
-            cfg.num_layers,
-            2,
-            num_blocks + 1,
-            tokens_per_block,
-            cfg.num_kv_heads // tp,
-            cfg.head_dim,
-            dtype=dtype,
-            device=device,
-        )
+        shape = (cfg.num_layers, 2, num_blocks + 1, tokens_per_block, cfg.num_kv_heads // tp,
+                 cfg.head_dim)  # fmt: skip
+        try:
+            self.data = torch.zeros(shape, dtype=dtype, device=device)
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError too
+            if "alloc" not in str(e) and "out of memory" not in str(e):
+                raise
+            gib = math.prod(shape) * dtype.itemsize / 2**30
+            gpu = device.type == "cuda"
+            raise ConfigError(
+                f"the KV cache of {num_blocks:,} blocks ({gib:,.1f} GiB) does not fit in "
+                f"{'GPU' if gpu else 'host'} memory",
+                "lower --num-kv-blocks"
+                + (" or --kv-cache-free-gpu-memory-fraction" if gpu else ""),
+            ) from None
         self.transposed_v = transposes_v(dtype)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

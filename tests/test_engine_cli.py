@@ -376,3 +376,24 @@ def test_out_of_memory_is_one_line(engine, monkeypatch):
     monkeypatch.setattr(llm_mod, "Executor", boom)
     r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2")
     assert_one_line_error(r, "out of GPU memory", "--kv-cache-free-gpu-memory-fraction")
+
+
+def test_kv_cache_too_large_for_host_memory_is_one_line(engine):
+    """A KV pool the CPU allocator refuses (a plain RuntimeError from torch): one line naming
+    the pool's size and the flag, exit 2; any other allocation failure: 'out of host memory'."""
+    r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2",
+               "--num-kv-blocks", str(10**12))  # fmt: skip
+    assert_one_line_error(r, "KV cache of 1,000,000,000,000 blocks", "host memory",
+                          "--num-kv-blocks")  # fmt: skip
+
+
+def test_host_allocator_failure_is_one_line(engine, monkeypatch):
+    import ingot.runtime.llm as llm_mod
+
+    def boom(*a, **k):  # what torch's CPU allocator raises
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't "
+                           "allocate memory: you tried to allocate 409600008192 bytes.")  # fmt: skip
+
+    monkeypatch.setattr(llm_mod, "Executor", boom)
+    r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2")
+    assert_one_line_error(r, "out of host memory", "can't allocate memory")
