@@ -1,0 +1,112 @@
+"""Registers, local memory (spills), shared memory and instruction counts of the decode
+attention kernel's sm_90 binaries, compiled on this machine without a GPU (Triton's ptxas and
+cuobjdump): the engines' decode tactics with a BF16 or an FP8 cache, with and without new_v.
+
+A check before spending GPU time on a kernel change: registers per thread bound how many
+programs an SM holds (65,536 per SM), and with them how much memory latency the decode loop
+can hide. Llama-3.1-8B shapes (GQA group 4, head dim 128, 32-token blocks).
+
+    python3 scripts/sass_report.py [--out sass_report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ingot.plugins.attention import triton_decode as dec
+
+G, HD, BS = 4, 128, 32
+# the tactics engines pick: the default, wide tiles, and the one- and two-warp large-batch ones
+TACTICS = (dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4], *dec.DECODE_TACTICS[-2:])
+# runtime integers the launcher passes that Triton specializes as multiples of 16
+_STRIDES = ("sqt", "sqh", "sot", "soh", "s_blk", "s_tok", "s_h", "s_bt", "snt", "snh")
+_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int) -> ASTSource:
+    fn = dec._decode_kernel
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    ptrs = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "bt_ptr": "*i32",
+            "ctx_ptr": "*i32", "out_ptr": "*fp8e4nv" if fp8 else "*bf16", "po_ptr": "*fp32",
+            "pml_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
+    const = {"HD": HD, "BS": BS, "V_T": fp8, "SPLIT": True, "USE_WINDOW": False, "IEEE": False,
+             "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
+             "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
+             "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32}  # fmt: skip
+    if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
+        ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
+    if new_v:
+        ptrs["nv_ptr"] = "*bf16"
+    sig = {}
+    for a in fn.arg_names:
+        if a in const:
+            sig[a] = "constexpr"
+        elif a in ptrs:
+            sig[a] = ptrs[a]
+        elif a.endswith("_ptr"):  # an argument this build passes as None
+            sig[a], const[a] = "constexpr", None
+        else:
+            sig[a] = "fp32" if a == "scale_log2" else "i32"
+    idx = fn.arg_names.index
+    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*ptrs, *_STRIDES)}
+    return ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
+
+
+def resources(cubin: bytes) -> dict:
+    """REG / STACK / SHARED per cuobjdump, and the SASS instruction count."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([str(_BIN / "cuobjdump"), "--dump-resource-usage", str(path)],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([str(_BIN / "cuobjdump"), "-sass", str(path)],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = {k.lower(): int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK")}
+    out["instructions"] = len(re.findall(r"/\*[0-9a-f]{4,}\*/ ", sass))
+    return out
+
+
+def report(tactics=TACTICS, caches=("bf16", "fp8"), new_v=(False, True)) -> list[dict]:
+    rows = []
+    for tactic in tactics:
+        p = tactic.as_dict()
+        warps, stages = int(p["num_warps"]), int(p["num_stages"])
+        for cache in caches:
+            for nv in new_v:
+                src = _source(cache == "fp8", nv, min(int(p["block_n"]), int(p["partition"])),
+                              warps)  # fmt: skip
+                k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+                row = {"tactic": tactic.name, "cache": cache, "new_v": nv,
+                       "shared_bytes": k.metadata.shared, **resources(k.asm["cubin"])}  # fmt: skip
+                # programs per SM the registers allow (allocated per warp in units of 256)
+                per_warp = -(-row["reg"] * 32 // 256) * 256
+                row["programs_per_sm_by_registers"] = 65536 // (per_warp * warps)
+                rows.append(row)
+                print(f"{tactic.name:24s} {cache:5s} new_v={nv!s:5s} regs {row['reg']:3d} "
+                      f"stack {row['stack']:4d} smem {row['shared_bytes']:6d} "
+                      f"sass {row['instructions']:5d} -> {row['programs_per_sm_by_registers']} "
+                      "programs/SM")  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    args = ap.parse_args()
+    rows = report()
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
