@@ -15,11 +15,10 @@ from ingot.runtime.config import ModelConfig, QuantConfig
 from ingot.runtime.distributed import check_tp, padded_vocab
 from ingot.runtime.errors import CheckpointError
 from ingot.runtime.integrity import sha256_file
-from ingot.runtime.version import CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
+from ingot.runtime.version import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, INGOT_VERSION
 
 from .quantize.layout import checkpoint_layout
 
-CHECKPOINT_FORMAT = "ingot-checkpoint"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

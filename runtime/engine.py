@@ -21,7 +21,7 @@ from .config import BuildConfig, ModelConfig, QuantConfig
 from .engine_format import EngineFile
 from .errors import EngineError
 from .integrity import CHUNK_BYTES, chunks_match, sha256_file
-from .version import ENGINE_FORMAT_VERSION, INGOT_VERSION
+from .version import CHECKPOINT_FORMAT, ENGINE_FORMAT_VERSION, INGOT_VERSION
 
 ENGINE_FORMAT = "ingot-engine"
 REBUILD = "rebuild it with `ingot build-engine`"
@@ -119,7 +119,7 @@ def read_engine_config(engine_dir: Path) -> EngineConfig:
         d = json.loads(path.read_text())
     except ValueError as e:
         raise EngineError(f"{path} is not valid JSON ({e})", REBUILD) from None
-    if isinstance(d, dict) and d.get("format") == "ingot-checkpoint":  # convert's output
+    if isinstance(d, dict) and d.get("format") == CHECKPOINT_FORMAT:
         raise EngineError(
             f"{engine_dir} is an ingot checkpoint, not an engine",
             f"build an engine from it: `ingot build-engine --checkpoint-dir {engine_dir} "

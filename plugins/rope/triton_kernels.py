@@ -4,8 +4,8 @@
 fused decoder step: rotate q and k, scatter the rotated k and the plain v into the paged cache
 (as `attention.reference.write_kv` would), and return the rotated q — one launch instead of two.
 Both accept q/k/v as strided views of a fused QKV projection (last dim contiguous). With
-`v_rows`, V is written for the first v_rows tokens only: FP8 engines leave a step's decode rows'
-V to the decode attention kernel (`paged_attention(new_v=)`), which stores it in whole sectors.
+`v_rows`, V is written for the first v_rows tokens only: the rest is the decode rows' V, left to
+the decode attention kernel (`paged_attention(new_v=)`; the Decoder's decode_writes_v, off).
 """
 
 from __future__ import annotations
