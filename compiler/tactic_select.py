@@ -110,10 +110,15 @@ class _Shapes:
         )
         return args, kw
 
-    def decode_batch(self, batch: int, ctx: int, kv_fp8: bool) -> tuple[tuple[Any, ...], dict]:
+    def decode_batch(
+        self, batch: int, ctx: int, kv_fp8: bool, real: int | None = None
+    ) -> tuple[tuple[Any, ...], dict]:
         """`batch` sequences of ctx tokens, one query each (the decode kernel's inputs), with
-        the engine's KV cache dtype."""
+        the engine's KV cache dtype. real: only the first `real` rows hold ctx tokens, the
+        others one (a decode graph's bucket filled in part: its padding rows)."""
         args, kw = self._paged(batch, 1, ctx, kv_fp8)
+        if real is not None:
+            args[4][real:] = 1
         return args, kw | {"max_context_len": self.b.max_seq_len}
 
     def attention(
@@ -197,19 +202,21 @@ class _Shapes:
 
 
 def pick_over_contexts(
-    by_ctx: dict[int, list[tuple[Tactic, float]]],
+    by_ctx: dict[int | str, list[tuple[Tactic, float]]],
 ) -> tuple[Tactic, list[tuple[Tactic, float]]]:
-    """The candidate whose times, each relative to the fastest at its context length, sum
-    lowest; and every timing, named `tactic@ctxN`, for the engine's record."""
+    """The candidate whose times, each relative to the fastest at its context length (or
+    shape, named by a str key), sum lowest; and every timing, named `tactic@ctxN` (`tactic@key`),
+    for the engine's record."""
     score: dict[str, float] = {}
     tactics: dict[str, Tactic] = {}
     record = []
     for ctx, res in by_ctx.items():
         fastest = min(ms for _, ms in res)
+        label = ctx if isinstance(ctx, str) else f"ctx{ctx}"
         for t, ms in res:
             tactics[t.name] = t
             score[t.name] = score.get(t.name, 0.0) + ms / fastest
-            record.append((Tactic(f"{t.name}@ctx{ctx}", t.params), ms))
+            record.append((Tactic(f"{t.name}@{label}", t.params), ms))
     return tactics[min(score, key=score.__getitem__)], record
 
 
@@ -279,14 +286,24 @@ def timed_choices(
         batch = min(build.max_batch_size, 128)
         if batch * model.num_kv_heads < LARGE_BATCH_ROWS:
             return None, []
+        # (batch, real rows, context): a middle batch, and the largest bucket up to 512 filled
+        # to 7/8 at a long context (its padding rows decide the split plan, as in the graphs)
         ctx = min(1024, build.max_seq_len)
-        res = time_tactics(
-            "paged_attention",
-            DECODE_TACTICS,
-            lambda: shapes.decode_batch(batch, ctx, kv_fp8),
-            factory=make_decode_attention,
-        )
-        return res[0][0], [(Tactic(f"{t.name}@b{batch}_ctx{ctx}", t.params), ms) for t, ms in res]
+        shapes_ = {f"b{batch}_ctx{ctx}": (batch, None, ctx)}
+        big = min(build.max_batch_size, 512)
+        if big > batch:
+            long = min(2048, build.max_seq_len)
+            shapes_[f"b{big}r{big * 7 // 8}_ctx{long}"] = (big, big * 7 // 8, long)
+        by_shape = {
+            key: time_tactics(
+                "paged_attention",
+                DECODE_TACTICS,
+                lambda s=s: shapes.decode_batch(s[0], s[2], kv_fp8, s[1]),
+                factory=make_decode_attention,
+            )
+            for key, s in shapes_.items()
+        }
+        return pick_over_contexts(by_shape)
 
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
         cands = get_spec(name).candidates("cuda")

@@ -5,9 +5,11 @@ kernel, BF16 through torch); and their sum per step beside the bytes the step mu
 
     python3 scripts/bench_batch_decode.py --out batch_decode.json
 
-Shapes: Llama-3.1-8B. Points: (batch 128, context 3072) is the middle of 2048/2048 at 128
-requests, (448, 3072) at 448 (the engines' large-batch tactic splits its contexts in two, not
-four); (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
+Shapes: Llama-3.1-8B. Points (batch, context, rows the step launches): (128, 3072) is the
+middle of 2048/2048 at 128 requests, (448, 3072) at 448; (435, 3072) as that run's decode
+steps launch it: padded to a graph bucket of 512 rows (before 12-04's buckets of 64) and of
+448 (the padding rows hold one token, as in the graphs; the split plan sees every row);
+(128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
 """
 
 from __future__ import annotations
@@ -41,18 +43,22 @@ from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
-POINTS = ((128, 3072), (448, 3072), (128, 2112), (512, 192))
+POINTS = ((128, 3072, 128), (448, 3072, 448), (435, 3072, 512), (435, 3072, 448),
+          (128, 2112, 128), (512, 192, 512))  # fmt: skip
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
-KV_KINDS = ("bf16", "fp8", "fp8_v_rows", "fp8_new_v")
+# also "fp8_v_rows", "fp8_new_v" (measured 12-03; listed here, they are timed again)
+KV_KINDS = ("bf16", "fp8")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
 
 
-def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS):
+def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=None):
     """kv: "bf16", "fp8" (V transposed per block, as FP8 pools store it), "fp8_v_rows" (V
     token-major like K: the layout before 12-03) or "fp8_new_v" (as "fp8", the kernel storing
-    each sequence's newest V first, as the FP8 engines' decode steps do)."""
-    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
+    each sequence's newest V first, an option the engines leave off). launched: rows of the
+    launch (B real ones, the others one-token padding), default B."""
+    n = launched or B
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B + [1] * (n - B), [1] * n, ENGINE_BS)
     kw = {"max_context_len": bt.shape[1] * ENGINE_BS}  # as the engine's graphs: the table's width
     elem = 2
     if kv != "bf16":
@@ -61,12 +67,13 @@ def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS):
         one = torch.ones((), device=DEV, dtype=torch.float32)
         kw |= {"k_scale": one, "v_scale": one}
         if kv == "fp8_new_v":
-            kw["new_v"] = torch.randn(B, HKV, HD, device=DEV, dtype=BF16)
+            kw["new_v"] = torch.randn(n, HKV, HD, device=DEV, dtype=BF16)
     t = time_tactics("paged_attention", tactics,
                      fixed((q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD)), kw), reps,
                      factory=dec.make_decode_attention)  # fmt: skip
     nbytes = B * ctx * HKV * HD * 2 * elem
-    record(rows, f"decode_attention_{kv}kv", f"B={B} ctx={ctx}", t, nbytes, bw=bw)
+    shape = f"B={B} ctx={ctx}" + (f" in {n} rows" if n != B else "")
+    record(rows, f"decode_attention_{kv}kv", shape, t, nbytes, bw=bw)
     return t[0][1]
 
 
@@ -101,21 +108,21 @@ def gemms(rows, bw, M, reps):
 def main() -> None:
     args, bw = bench_cli(__doc__, "batch_decode.json", 20)
     rows, points = [], []
-    gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({b for b, _ in POINTS})}
-    for B, ctx in POINTS:
-        attn = {kv: attention(rows, bw, B, ctx, kv, args.reps) for kv in KV_KINDS}
-        g = gemm_ms[B]
+    gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({m for _, _, m in POINTS})}
+    for B, ctx, M in POINTS:
+        attn = {kv: attention(rows, bw, B, ctx, kv, args.reps, launched=M) for kv in KV_KINDS}
+        g = gemm_ms[M]
         layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)
         step_ms = LAYERS * (layer_fp8 + attn["fp8"]) + g[("lm_head", "bf16_torch")]
         kv_bytes = B * ctx * HKV * HD * 2 * LAYERS  # fp8 cache
         w_bytes = LAYERS * sum(n * k for n, k in LAYER_GEMMS.values()) + VOCAB * D * 2
         points.append({
-            "batch": B, "context": ctx, "attention_ms": attn, "fp8_layer_gemms_ms": layer_fp8,
+            "batch": B, "context": ctx, "rows_launched": M, "attention_ms": attn, "fp8_layer_gemms_ms": layer_fp8,
             "fp8_step_gemms_plus_attention_ms": step_ms, "bytes_per_step": kv_bytes + w_bytes,
             "bandwidth_floor_ms": (kv_bytes + w_bytes) / bw * 1e3,
             "tok_s_at_that_step": B / (step_ms * 1e-3),
         })  # fmt: skip
-        print(f"B={B} ctx={ctx}: attention fp8-KV {attn['fp8'] * 1e3:.0f} us/layer, FP8 GEMMs "
+        print(f"B={B} ctx={ctx} in {M} rows: attention fp8-KV {attn['fp8'] * 1e3:.0f} us/layer, FP8 GEMMs "
               f"{layer_fp8 * 1e3:.0f} us/layer; step {step_ms:.2f} ms (floor "
               f"{points[-1]['bandwidth_floor_ms']:.2f} ms) -> {B / (step_ms * 1e-3):.0f} tok/s")  # fmt: skip
     doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw,

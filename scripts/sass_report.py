@@ -26,13 +26,13 @@ from ingot.plugins.attention import triton_decode as dec
 
 G, HD, BS = 4, 128, 32
 # the tactics engines pick: the default, wide tiles, and the one- and two-warp large-batch ones
-TACTICS = (dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4], *dec.DECODE_TACTICS[-2:])
+TACTICS = (dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4], *dec.LARGE_BATCH_TACTICS)
 # runtime integers the launcher passes that Triton specializes as multiples of 16
 _STRIDES = ("sqt", "sqh", "sot", "soh", "s_blk", "s_tok", "s_h", "s_bt", "snt", "snh")
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int) -> ASTSource:
+def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int) -> ASTSource:
     fn = dec._decode_kernel
     cache = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "bt_ptr": "*i32",
@@ -41,7 +41,7 @@ def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int) -> ASTSource:
     const = {"HD": HD, "BS": BS, "V_T": fp8, "SPLIT": True, "USE_WINDOW": False, "IEEE": False,
              "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
              "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
-             "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32}  # fmt: skip
+             "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min}  # fmt: skip
     if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
         ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
     if new_v:
@@ -82,8 +82,9 @@ def report(tactics=TACTICS, caches=("bf16", "fp8"), new_v=(False, True)) -> list
         warps, stages = int(p["num_warps"]), int(p["num_stages"])
         for cache in caches:
             for nv in new_v:
-                src = _source(cache == "fp8", nv, min(int(p["block_n"]), int(p["partition"])),
-                              warps)  # fmt: skip
+                block_n = min(int(p["block_n"]), int(p["partition"]))
+                src = _source(cache == "fp8", nv, block_n, warps,
+                              dec.split_min_keys(p, block_n))  # fmt: skip
                 k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                    options={"num_warps": warps, "num_stages": stages})  # fmt: skip
                 row = {"tactic": tactic.name, "cache": cache, "new_v": nv,

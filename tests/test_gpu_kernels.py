@@ -376,7 +376,7 @@ def test_paged_attention_large_batch_decode(bs):
     torch.manual_seed(3)
     ctxs = torch.randint(1, 900, (40,)).tolist()
     assert 40 * 8 >= dec.LARGE_BATCH_ROWS
-    for large in dec.DECODE_TACTICS[-2:]:
+    for large in dec.LARGE_BATCH_TACTICS:
         tactic = dec.combine_tactics(dec.DECODE_TACTICS[0], pf.PREFILL_TACTICS[0], large)
         fn = dec.make_paged_attention(tactic)
         check_attention(fn, ctxs, [1] * 40, 32, 8, 128, bs, max_query_len=1)

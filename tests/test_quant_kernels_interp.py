@@ -336,6 +336,24 @@ else:
         assert rel_err(out, ref) < (5e-2 if fp8 else 1e-5)
 
     @pytest.mark.parametrize("kind", KV_KINDS[:2])
+    def test_decode_split_min_gives_short_contexts_fewer_splits(kind):
+        """split_min (the large-batch tactics'): no split of a sequence shorter than it, so a
+        short context takes fewer of the grid's splits (one: written directly, no merge) and a
+        long one still spreads; the grid's splits are bounded by it too."""
+        torch.manual_seed(13)
+        ctx = [5, 70, 33, 200]  # one split, two of 64 keys, one, four of 64
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1] * 4, ctx, torch.float32, kind, 64)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        params = (("partition", 32), ("block_n", 32), ("num_warps", 4), ("num_stages", 2))
+        tactic = Tactic("m64", (*params, ("programs", 1024), ("split_min", 50)))
+        assert dec.split_plan(4 * HKV, 256, 64, 1024) == 4  # split_min 50 -> 64 keys
+        out = torch.full_like(q, float("nan"))
+        fn = dec.make_decode_attention(tactic)
+        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, max_context_len=256, **scales)
+        assert rel_err(out, ref) < (5e-2 if kind != "plain" else 1e-5)
+        assert not dec._COUNTERS[q.device].any()
+
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
     def test_decode_splits_merge_in_the_last_program(kind, monkeypatch):
         """With several splits holding keys, the program that counts itself done last merges
         the partials (two splits per merge step here, so the merge loops); a sequence whose

@@ -100,3 +100,41 @@ def test_decode_tactic_is_picked_over_both_context_lengths():
     assert len(record) == 5
     # one context length (a short max_seq_len): simply the fastest there
     assert pick_over_contexts({256: [(b, 2.0), (a, 3.0)]})[0] is b
+
+
+def test_padding_rows_of_a_large_batch_timing_shape_hold_one_token():
+    args, _ = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").decode_batch(40, 100, True, real=35)
+    assert args[4].tolist() == [100] * 35 + [1] * 5
+
+
+def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_batch(monkeypatch):
+    """An engine of up to 512 sequences times its large-batch decode tactics at 128 x 1,024
+    keys and at a 512-row bucket holding 448 sequences of 2,048 keys, and keeps the one with
+    the lowest sum of relative times: the fastest at the middle batch alone (one split for the
+    padded bucket) is not it when it loses more at the full one."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+
+    shapes_seen = []
+    t4096 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096")
+    t8192 = next(t for t in dec.DECODE_TACTICS if t.name == "p256_n32_w1_s3_t8192_m256")
+
+    def fake_time(name, cands, inputs, factory=None, repeats=None):
+        # the large-batch inputs' (batch, real, ctx), read without building them (no GPU)
+        cell = (inputs.__defaults__ or (None,))[0]
+        if factory is not make_decode_attention or not isinstance(cell, tuple):
+            return [(c, 1.0 + i) for i, c in enumerate(cands)]
+        shapes_seen.append(cell)
+        big = cell[0] == 512
+        times = {t4096.name: 1.30 if big else 1.0, t8192.name: 1.0 if big else 1.05}
+        return sorted(((c, times.get(c.name, 2.0)) for c in cands), key=lambda r: r[1])
+
+    monkeypatch.setattr(tactics, "time_tactics", fake_time)
+    build = BuildConfig(
+        max_batch_size=512, max_seq_len=4096, max_num_tokens=8192, tokens_per_block=32
+    )
+    skip = frozenset(s.name for s in all_specs() if s.name != "paged_attention")
+    (choice,) = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip, kv_fp8=True)
+    assert (128, None, 1024) in shapes_seen and (512, 448, 2048) in shapes_seen
+    assert choice.tactic.endswith(f"+large:{t8192.name}")
+    assert f"{t4096.name}@b512r448_ctx2048" in choice.timings_ms

@@ -77,6 +77,33 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "p512_n32_w4_s4", (("partition", 512), ("block_n", 32), ("num_warps", 4), ("num_stages", 4))
     ),
+    # for large batches, the context split until 8,192 programs run but no sequence's split
+    # shorter than 512 (256) keys: a step whose batch fills its graph's bucket only in part
+    # (435 sequences padded to 512 at 2,048 / 2,048) otherwise got one split, 2.2 waves of
+    # 3,072-key programs on the H200's SMs (the engine's decode attention ~20% slower than at
+    # 448 sequences in two splits).
+    Tactic(
+        "p512_n32_w1_s3_t8192_m512",
+        (
+            ("partition", 512),
+            ("block_n", 32),
+            ("num_warps", 1),
+            ("num_stages", 3),
+            ("programs", 8192),
+            ("split_min", 512),
+        ),
+    ),  # fmt: skip
+    Tactic(
+        "p256_n32_w1_s3_t8192_m256",
+        (
+            ("partition", 256),
+            ("block_n", 32),
+            ("num_warps", 1),
+            ("num_stages", 3),
+            ("programs", 8192),
+            ("split_min", 256),
+        ),
+    ),  # fmt: skip
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.
@@ -101,6 +128,8 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
         ),
     ),  # fmt: skip
 )
+# the tactics meant for large batches (a target program count): the GPU tests run each as one
+LARGE_BATCH_TACTICS = tuple(t for t in DECODE_TACTICS if "programs" in t.as_dict())
 # Decode steps with at least this many sequences x kv heads run the engine's large-batch
 # decode tactic (timed at a large batch), smaller ones its small-batch one: the best
 # configuration differs (e.g. 32 sequences of a model with 8 kv heads).
@@ -147,14 +176,31 @@ def split_plan(
 
 
 @triton.jit
-def _split_range(ctx, window, NUM_SPLITS, USE_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_range(
+    ctx,
+    window,
+    NUM_SPLITS,
+    USE_WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_MIN: tl.constexpr,
+):
     """(first key, keys per split) of a sequence's context: the keys its query sees (those
-    > ctx - 1 - window with a window), from a BLOCK_N boundary, over NUM_SPLITS splits."""
+    > ctx - 1 - window with a window), from a BLOCK_N boundary, over NUM_SPLITS splits, none
+    shorter than SPLIT_MIN keys (a multiple of BLOCK_N): a short context then takes fewer
+    splits (the others find no keys) and skips the merge."""
     first = ctx * 0
     if USE_WINDOW:
         first = (tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N
     part = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT_MIN > BLOCK_N:
+        part = tl.maximum(part, SPLIT_MIN)
     return first, tl.maximum(part, BLOCK_N)
+
+
+def split_min_keys(params: dict, block_n: int) -> int:
+    """A tactic's least keys per split (its `split_min`, rounded up to a multiple of block_n;
+    0: none): the kernel's SPLIT_MIN, and what bounds the splits a context needs."""
+    return -(-int(params.get("split_min", 0)) // block_n) * block_n
 
 
 # NOTE: seq0 (first sequence of the launch) and NUM_SPLITS are never specialized: one binary
@@ -206,13 +252,14 @@ def _decode_kernel(
     QUANT_OUT: tl.constexpr = False,
     WRITE_V: tl.constexpr = False,
     SEG: tl.constexpr = 32,
+    SPLIT_MIN: tl.constexpr = 0,
 ):
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     ctx = tl.load(ctx_ptr + seq0 + b)
-    first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N)
+    first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N, SPLIT_MIN)
     lo = first + sp * part
     end = tl.minimum(lo + part, ctx)
     if lo < end:
@@ -475,7 +522,8 @@ def launch_decode(
     num_warps = int(params.get("num_warps", 4))
     num_stages = int(params.get("num_stages", 2))
     target = int(params["programs"]) if "programs" in params else None
-    num_splits = split_plan(B * hkv, max_context_len, part, target)
+    split_min = split_min_keys(params, block_n)
+    num_splits = split_plan(B * hkv, max_context_len, max(part, split_min), target)
     d_pad = max(16, triton.next_power_of_2(hd))
     split = num_splits > 1
     if split:
@@ -531,6 +579,7 @@ def launch_decode(
         QUANT_OUT=out_scale is not None,
         WRITE_V=new_v is not None,
         SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
+        SPLIT_MIN=split_min,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
