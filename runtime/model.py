@@ -114,8 +114,8 @@ class Decoder:
         self.fused_rope_kv = hasattr(ops, "rope_kv_write")
         # The decode rows' V stored by the decode attention kernel (paged_attention new_v; in
         # whole 32-byte sectors in an FP8 pool, which keeps V transposed) instead of by the RoPE
-        # kernel (a byte in each of hd sectors). Off until measured faster: the first kernel
-        # version cost more than the RoPE kernel saved (docs/performance.md, 12-03 19:25).
+        # kernel (a byte in each of hd sectors). Off: both kernel versions cost the attention
+        # more than the RoPE kernel saved (docs/performance.md, 12-03 19:25 and 21:20).
         self.decode_writes_v = False
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None

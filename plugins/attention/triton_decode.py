@@ -17,9 +17,10 @@ rows, partial-sector writes that made the RoPE kernel's KV write at batch 512 th
 slower on the H200). Its partials then differ from the plain kernel's in summation order only.
 A first version stored the token before the loop and read it back after a CTA barrier: +19 us
 per layer at 512 x 192 keys on the H200, more than the RoPE kernel saved, so engines leave
-new_v off (runtime/model.py: decode_writes_v). This version's cost is not measured yet; on
-sm_90 it takes 186 registers per thread with one warp against 164 (10 programs per SM instead
-of 12); putting the token into the loop's last tile instead took 255 and spilled.
+new_v off (runtime/model.py: decode_writes_v). This version loses too (H200, 12-03 21:20:
++21 us per layer at 512 x 192 keys, +31 at 128 x 3,072, against the 15.5 the RoPE kernel
+saves); on sm_90 it takes 186 registers per thread with one warp against 164 (10 programs per
+SM instead of 12); putting the token into the loop's last tile instead took 255 and spilled.
 
 The number of splits is fixed by an upper bound on the context (the block table's width by
 default: no host sync, the same launch for every step of a CUDA graph), but each sequence
