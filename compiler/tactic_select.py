@@ -194,9 +194,9 @@ class _Shapes:
     def w4a16_gemm(
         self, n: int, k: int, bias: bool, group: int
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The engine layout: int32 words [K/8, N] (8 codes each), scales [K/group, N]."""
-        words = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, device=self.dev)
-        scales = (torch.rand(k // group, n, device=self.dev) * 0.02 + 0.002).to(self.dt)
+        """The engine layout: int32 words [N, K/8] (8 codes each), scales [N, K/group]."""
+        words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device=self.dev)
+        scales = (torch.rand(n, k // group, device=self.dev) * 0.02 + 0.002).to(self.dt)
         pqs = (torch.rand(k, device=self.dev) + 0.5).to(self.dt)
         return (self.t(1, k), words, scales, pqs, group, None, self.t(n) if bias else None), {}
 

@@ -8,12 +8,14 @@ _P = "ingot.plugins"
 _ACT = ("float32", "bfloat16", "float16")
 
 
-def _op(name: str, fields: tuple[tuple[str, str], ...], cpu: str, cuda: str, tactics: str) -> None:
-    """One op, version 1: `cpu` and `cuda` name factories, `tactics` the cuda candidates."""
+def _op(
+    name: str, fields: tuple[tuple[str, str], ...], cpu: str, cuda: str, tactics: str, version=1
+) -> None:
+    """One op: `cpu` and `cuda` name factories, `tactics` the cuda candidates."""
     register(
         PluginSpec(
             name,
-            1,
+            version,
             fields,
             _ACT,
             {"cpu": f"{_P}.{cpu}", "cuda": f"{_P}.{cuda}"},
@@ -130,6 +132,7 @@ _op(
     "quant.reference:make_w4a16_linear",
     "quant.triton_w4a16:make_w4a16_linear",
     "quant.triton_w4a16:W4A16_TACTICS",
+    version=2,  # v2: weights [N, K/8] interleaved per 128 k, scales [N, K/G] (v1: transposed)
 )
 
 __all__ = ["PluginSpec", "Tactic", "all_specs", "get_spec", "load", "register", "target_kind"]

@@ -37,7 +37,7 @@ def make_linear(
         return lambda x: fp8(x, weight, w_scale, in_scale, bias, out_dtype=out_dtype)
     if quant.mode == "int4_awq":
         w4 = ops.at("w4a16_gemm", site)
-        scales = weights[prefix + ".weight_scale"]  # [K/G, N]
+        scales = weights[prefix + ".weight_scale"]  # [N, K/G]
         zeros = weights.get(prefix + ".weight_zero")
         pqs = weights.get(prefix + ".pre_quant_scale")  # [K]
         g = quant.group_size

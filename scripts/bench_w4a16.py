@@ -25,8 +25,8 @@ SHAPES = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 *
 
 
 def inputs(N: int, K: int):
-    qweight = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), device=DEV, dtype=torch.int32)
-    scales = (torch.rand(K // GROUP, N, device=DEV) * 0.02 + 0.005).to(BF16)
+    qweight = torch.randint(-(2**31), 2**31 - 1, (N, K // 8), device=DEV, dtype=torch.int32)
+    scales = (torch.rand(N, K // GROUP, device=DEV) * 0.02 + 0.005).to(BF16)
     pqs = (torch.rand(K, device=DEV) + 0.5).to(BF16)
     x = torch.randn(1, K, device=DEV, dtype=BF16)
     return (x, qweight, scales, pqs, GROUP), {}

@@ -179,8 +179,8 @@ def test_swiglu_quant_fp8():
 
 def _w4(N: int, K: int, dtype=BF16):
     codes = torch.randint(0, 16, (N, K), device=DEV)
-    qweight = qref.pack_int4(codes.cpu()).t().contiguous().to(DEV)  # [K/8, N]
-    scales = (torch.rand(K // 128, N, device=DEV) * 0.02 + 0.002).to(dtype)
+    qweight = qref.pack_w4_engine(codes.cpu()).to(DEV)  # [N, K/8]
+    scales = (torch.rand(N, K // 128, device=DEV) * 0.02 + 0.002).to(dtype)
     pqs = (torch.rand(K, device=DEV) + 0.5).to(dtype)
     return qweight, scales, pqs
 

@@ -18,8 +18,10 @@ from ingot.plugins.quant.reference import (
     dequantize_w4,
     fp8_linear,
     pack_int4,
+    pack_w4_engine,
     quantize_fp8,
     unpack_int4,
+    unpack_w4_engine,
     w4a16_linear,
 )
 from ingot.runtime.config import QuantConfig
@@ -74,6 +76,22 @@ def test_int4_pack_roundtrip_and_layout():
     assert int(words[0, 0]) & 0xF == int(codes[0, 0])
 
 
+def test_int4_engine_layout_interleaves_each_128_k():
+    codes = torch.randint(0, 16, (3, 256), generator=torch.Generator().manual_seed(5))
+    words = pack_w4_engine(codes)
+    assert words.shape == (3, 32) and torch.equal(unpack_w4_engine(words), codes.to(torch.int32))
+    for n, b, c, j in ((0, 0, 0, 0), (1, 0, 1, 2), (2, 1, 15, 7), (0, 1, 3, 5)):
+        # word c of block b holds k = 128 b + 16 j + c in nibble j
+        assert (int(words[n, 16 * b + c]) >> (4 * j)) & 0xF == int(codes[n, 128 * b + 16 * j + c])
+    q = QuantConfig("int4_awq")
+    ckpt = pack_int4(codes)  # the checkpoint keeps k order
+    assert torch.equal(repack_for_engine(q, "layers.0.mlp.down.weight", ckpt), words)
+    scales = torch.rand(3, 2)
+    assert torch.equal(repack_for_engine(q, "layers.0.mlp.down.weight_scale", scales), scales)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        pack_w4_engine(codes[:, :64])
+
+
 @pytest.mark.parametrize("asymmetric", [False, True])
 def test_w4a16_equals_matmul_on_dequantized_weight(asymmetric):
     g = torch.Generator().manual_seed(2)
@@ -83,13 +101,12 @@ def test_w4a16_equals_matmul_on_dequantized_weight(asymmetric):
     zeros = torch.randint(0, 16, (n, k // G), generator=g) if asymmetric else None
     pqs = torch.rand(k, generator=g) + 0.5
     x = torch.randn(5, k, generator=g)
-    qw = pack_int4(codes).t().contiguous()  # engine layout [K/8, N]
-    z = None if zeros is None else zeros.t().contiguous()
-    y = w4a16_linear(x, qw, scales.t().contiguous(), pqs, G, z)
+    qw = pack_w4_engine(codes)  # engine layout [N, K/8], interleaved per 128 k
+    y = w4a16_linear(x, qw, scales, pqs, G, zeros)
     zf = 8 if zeros is None else zeros.repeat_interleave(G, dim=1)
     w = (codes - zf).float() * scales.repeat_interleave(G, dim=1)  # [N, K]
     torch.testing.assert_close(y, (x * pqs) @ w.t(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dequantize_w4(qw, scales.t().contiguous(), G, z), w)
+    torch.testing.assert_close(dequantize_w4(qw, scales, G, zeros), w)
 
 
 def test_int4_quantization_error_is_within_half_a_step_and_fusion_keeps_outputs():

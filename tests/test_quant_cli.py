@@ -6,7 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from cli_checks import assert_one_line_error, invoke
+from safetensors.torch import load_file
+
+from ingot.plugins.quant.reference import pack_w4_engine, unpack_int4
 
 pytest.importorskip("modelopt.torch.quantization")
 
@@ -73,9 +77,18 @@ def test_int4_engine_holds_the_repacked_layout(ckpts, tmp_path):
     r = invoke("build-engine", "--checkpoint-dir", ckpts["int4_awq"], "--output-dir", engine,
                 "--target", "cpu", "--max-seq-len", "64")  # fmt: skip
     assert r.exit_code == 0, r.output
-    w = load_engine(engine).weights()
-    assert tuple(w["layers.0.mlp.down.weight"].shape) == (256 // 8, 128)  # [K/8, N]
-    assert tuple(w["layers.0.mlp.down.weight_scale"].shape) == (256 // 128, 128)  # [K/G, N]
+    loaded = load_engine(engine)
+    w = loaded.weights()
+    ckpt = {}
+    for f in sorted(Path(ckpts["int4_awq"]).glob("*.safetensors")):
+        ckpt.update(load_file(f))
+    name = "layers.0.mlp.down.weight"
+    assert tuple(w[name].shape) == (128, 256 // 8)  # [N, K/8], codes interleaved per 128 k
+    assert torch.equal(w[name], pack_w4_engine(unpack_int4(ckpt[name])))
+    assert not torch.equal(w[name], ckpt[name])
+    assert torch.equal(w[name + "_scale"], ckpt[name + "_scale"])  # [N, K/G]
+    versions = {p.name: p.version for p in loaded.config.plugins}
+    assert versions["w4a16_gemm"] == 2  # the layout is the plugin's version
 
 
 def test_max_kl_refuses_and_leaves_nothing(ckpts, tmp_path):

@@ -176,8 +176,8 @@ else:
 
     def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):
         codes = torch.randint(0, 16, (N, K))
-        qweight = qref.pack_int4(codes).t().contiguous()  # [K/8, N]
-        scales = (torch.rand(K // 128, N) * 0.02 + 0.005).to(dtype)
+        qweight = qref.pack_w4_engine(codes)  # [N, K/8]
+        scales = (torch.rand(N, K // 128) * 0.02 + 0.005).to(dtype)
         p = (torch.rand(K) + 0.5).to(dtype) if pqs else None
         x = torch.randn(T, K).to(dtype)
         b = torch.randn(N).to(dtype) if bias else None
@@ -186,8 +186,8 @@ else:
 
     def _w4_run(args, params, decode):
         x, qweight, scales, p, b = args
-        out = torch.full((x.shape[0], qweight.shape[1]), float("nan"), dtype=x.dtype)
-        assert tw.kernel_ok(x, qweight, scales, p, 128, None, b, int(params["block_k"]))
+        out = torch.full((x.shape[0], qweight.shape[0]), float("nan"), dtype=x.dtype)
+        assert tw.kernel_ok(x, qweight, scales, p, 128, None, b, int(params.get("block_k", 128)))
         return tw.launch_w4a16(x, qweight, scales, p, 128, b, out, params, decode)
 
     @pytest.mark.parametrize("K", [128, 256])
@@ -199,7 +199,8 @@ else:
         for T in range(1, 6):
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 args, ref = _w4_case(K, N, T, dtype, bias, pqs=T != 2)
-                for p in (dec_p, dict(dec_p, split_k=1)):
+                # chunks: past K (masked), one block each, two blocks of 8 rows
+                for p in (dec_p, dict(dec_p, block_g=1), dict(dec_p, block_n=8, block_g=2)):
                     assert rel_err(_w4_run(args, p, True), ref) < 1e-2, (T, dtype, p)
                 if dtype != torch.bfloat16:  # interpreter: no bf16 tl.dot (module docstring)
                     assert rel_err(_w4_run(args, mm_p, False), ref) < 1e-2, (T, dtype)

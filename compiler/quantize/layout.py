@@ -8,14 +8,16 @@ Checkpoint (written by convert-checkpoint), per quantized linear X:
   lm_head (fp8 with --quant-lm-head): lm_head.weight / weight_scale / input_scale as above,
             also for tied embeddings (embed.weight stays in the model dtype)
 Engine (written by build-engine): fp8 unchanged ([N, K] row-major is the column-major B that
-`torch._scaled_mm` takes as weight.t()); int4 transposed to X.weight [K/8, N] and
-X.weight_scale [K/G, N] (plugin w4a16_gemm v1, see plugins/quant/reference.py).
+`torch._scaled_mm` takes as weight.t()); int4 X.weight stays [N, K/8] with its codes
+interleaved within each block of 128 k, X.weight_scale [N, K/G] unchanged (plugin w4a16_gemm
+v2, see plugins/quant/reference.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ingot.plugins.quant.reference import pack_w4_engine, unpack_int4
 from ingot.runtime.config import ModelConfig, QuantConfig
 
 LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
@@ -59,8 +61,8 @@ def checkpoint_layout(cfg: ModelConfig, quant: QuantConfig) -> dict[str, tuple[t
 
 def repack_for_engine(quant: QuantConfig, name: str, t: torch.Tensor) -> torch.Tensor:
     """One checkpoint tensor -> its engine layout (most tensors pass through unchanged)."""
-    if quant.mode == "int4_awq" and name.rsplit(".", 1)[-1] in ("weight", "weight_scale"):
+    if quant.mode == "int4_awq" and name.endswith(".weight") and name.startswith("layers."):
         site = name.split(".", 2)[-1].rsplit(".", 1)[0]  # "layers.0.attn.o.weight" -> "attn.o"
-        if name.startswith("layers.") and site in LINEARS:
-            return t.t().contiguous()  # [N, K/8] -> [K/8, N]; [N, K/G] -> [K/G, N]
+        if site in LINEARS:
+            return pack_w4_engine(unpack_int4(t))  # codes in k order -> interleaved per 128 k
     return t.contiguous()

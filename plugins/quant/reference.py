@@ -5,11 +5,13 @@ arithmetic: FP8 mirrors `torch._scaled_mm` (fp8 x fp8 products accumulated in fp
 scale_a * scale_b, bias added in fp32, one cast to the output dtype); W4A16 dequantizes the
 packed weight in fp32 and multiplies in fp32.
 
-Engine layout of an INT4 weight (plugin w4a16_gemm v1; build-engine repacks into it):
-  qweight [K/8, N] int32: word (r, n) holds w[n, 8r + j] in bits 4j..4j+3 (low nibble first),
-      as an unsigned code u = q + 8 (q in -8..7 for symmetric quantization);
-  scales  [K/G, N] in the activation dtype; w[n, k] = (u - zero) * scales[k // G, n];
-  zeros   None (symmetric: zero = 8) or [K/G, N] integer codes (asymmetric);
+Engine layout of an INT4 weight (plugin w4a16_gemm v2; build-engine repacks into it):
+  qweight [N, K/8] int32, each row in blocks of 128 k (16 words): word c of block b holds
+      w[n, 128b + 16j + c] in bits 4j..4j+3, as an unsigned code u = q + 8 (q in -8..7 for
+      symmetric quantization). Interleaved so that, for one nibble position j, consecutive
+      words need consecutive activations (the GEMV loads them as vectors);
+  scales  [N, K/G] in the activation dtype; w[n, k] = (u - zero) * scales[n, k // G];
+  zeros   None (symmetric: zero = 8) or [N, K/G] integer codes (asymmetric);
   pre_quant_scale [K]: AWQ's activation scale, applied as x * pre_quant_scale.
 """
 
@@ -133,6 +135,28 @@ def unpack_int4(words: torch.Tensor) -> torch.Tensor:
     return codes.reshape(words.shape[0], -1)
 
 
+W4_BLOCK = 128  # k per interleaved block of the engine layout (16 words)
+
+
+def _interleave(codes: torch.Tensor, to_engine: bool) -> torch.Tensor:
+    r, c = codes.shape
+    if c % W4_BLOCK:
+        raise ValueError(f"INT4 engine layout needs K a multiple of {W4_BLOCK}, got {c}")
+    nib, word = W4_BLOCK // 16, 16  # a block: 16 words x 8 nibbles
+    shape = (r, c // W4_BLOCK, nib, word) if to_engine else (r, c // W4_BLOCK, word, nib)
+    return codes.reshape(shape).transpose(2, 3).reshape(r, c)
+
+
+def pack_w4_engine(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15 (k in order) -> engine qweight [N, K/8] (module docstring)."""
+    return pack_int4(_interleave(codes, True))
+
+
+def unpack_w4_engine(words: torch.Tensor) -> torch.Tensor:
+    """Engine qweight [N, K/8] -> codes [N, K] in k order (inverse of pack_w4_engine)."""
+    return _interleave(unpack_int4(words), False)
+
+
 def dequantize_w4(
     qweight: torch.Tensor,
     scales: torch.Tensor,
@@ -140,9 +164,9 @@ def dequantize_w4(
     zeros: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Engine-layout INT4 (module docstring) -> dense weight [N, K] float32."""
-    codes = unpack_int4(qweight.t().contiguous())  # [N, K]: K packs along the last dim
-    s = scales.float().t().repeat_interleave(group_size, dim=1)  # [N, K]
-    z = INT4_ZERO if zeros is None else zeros.t().repeat_interleave(group_size, dim=1)
+    codes = unpack_w4_engine(qweight)  # [N, K]
+    s = scales.float().repeat_interleave(group_size, dim=1)  # [N, K]
+    z = INT4_ZERO if zeros is None else zeros.repeat_interleave(group_size, dim=1)
     return (codes - z).float() * s
 
 

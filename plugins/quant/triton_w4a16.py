@@ -1,27 +1,31 @@
-"""W4A16 GEMM (INT4 AWQ, symmetric, group size 128) in Triton (plugin w4a16_gemm v1); same
-contract as `reference.w4a16_linear`, reading the engine layout (docs/formats.md):
+"""W4A16 GEMM (INT4 AWQ, symmetric, group size a multiple of 128) in Triton (plugin w4a16_gemm
+v2); same contract as `reference.w4a16_linear`, reading the engine layout (docs/formats.md):
 
-  qweight [K/8, N] int32 (word (r, n): codes of W'[n, 8r .. 8r+7], low nibble first),
-  scales [K/G, N] in the model dtype, pre_quant_scale [K] (AWQ's activation scale) or None.
+  qweight [N, K/8] int32, each row in blocks of 128 k: word c of a block holds the codes of
+      k = 16j + c in nibble j (low first); scales [N, K/G] in the model dtype;
+  pre_quant_scale [K] (AWQ's activation scale) or None.
 
-One kernel, two paths chosen by the number of rows T of x:
+Two kernels, chosen by the number of rows T of x:
 
-* decode (T <= the tactic's `max_m`): a weight stream. Each program owns BLOCK_N output
-  columns and one of SPLIT_K slices of K, reads every packed word of its slice exactly once
-  (4 bits per weight: a quarter of a bf16 GEMV's bytes) and accumulates x @ w with fp32 FMAs
-  (no tensor cores: T is tiny). Codes become floats through their bits (no int -> float
-  conversions) and a chunk's group scale multiplies its sums, not each weight. At batch 1 the
-  chunk is worked in the words' own layout, one nibble position at a time (`_gemv_chunk`);
-  a few rows unpack the words into a [BLOCK_K, BLOCK_N] tile. Split-K keeps enough
-  programs in flight for N = 4096 on 132 SMs; the slices write fp32 partials and a small
-  second kernel sums them, adds the bias and casts (no atomics: deterministic, graph capturable).
-* gemm (larger T): tiles of BLOCK_M rows; each K chunk is dequantized to the model dtype and
-  multiplied with `tl.dot` (tensor cores), fp32 accumulator; fp32 activations use IEEE dots.
+* GEMV (T <= the tactic's `max_m`: decode): a weight stream, laid out as the BF16 GEMV's
+  (plugins/gemm/cuda.py): each program owns BLOCK_N weight rows and walks K in chunks of
+  BLOCK_G blocks, every thread loading 16 contiguous bytes (4 words, 32 weights) per row, so
+  warps read whole 512-byte runs of a row and N / BLOCK_N programs keep 132 SMs busy with no
+  split-K (one launch, no workspace). Codes become floats through their bits, masked in place
+  (`_nibble_minus_8`: one LOP3 and one FFMA give code - 8 exactly). With the interleaved
+  layout the activations of nibble j of a thread's 4 words are 4 consecutive values, one
+  vector load shared by the thread's BLOCK_N rows. Three instructions per weight (LOP3, FFMA,
+  FFMA), which matters: at 4 bits a weight, a bandwidth-bound GEMV on the H200 leaves ~3.5
+  issue slots per weight (sm_90 SASS: ~5.8-6.8 per weight in all, with address arithmetic and
+  the final reduction). The block's scale multiplies each word's sum.
+* GEMM (larger T): tiles of BLOCK_M rows; each K chunk is unpacked, put back in k order,
+  dequantized to the model dtype and multiplied with `tl.dot` (tensor cores), fp32
+  accumulator; fp32 activations use IEEE dots.
 
-BLOCK_K divides the group size, so a K chunk has one row of scales. The activation is scaled by
-pre_quant_scale in the model dtype (rounded once, as the reference does) when it is loaded.
-Zero points (asymmetric), other group sizes or layouts fall back to the reference in the same
-call (torch ops on the same device).
+The activation is scaled by pre_quant_scale in the model dtype (rounded once, as the
+reference does) when it is loaded. Zero points (asymmetric), group sizes that are not a
+multiple of 128, or other layouts fall back to the reference in the same call (torch ops on
+the same device).
 """
 
 from __future__ import annotations
@@ -32,15 +36,15 @@ import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
+from .reference import W4_BLOCK
 from .reference import w4a16_linear as _reference
 
 
-def _dec(bn: int, bk: int, split: int, w: int, s: int, max_m: int) -> Tactic:
+def _dec(bn: int, bg: int, w: int, s: int, max_m: int) -> Tactic:
     return Tactic(
-        f"dec_n{bn}_k{bk}_sk{split}_w{w}_s{s}_m{max_m}",
-        (("block_n", bn), ("block_k", bk), ("split_k", split), ("num_warps", w),
-         ("num_stages", s), ("max_m", max_m)),
-    )  # fmt: skip
+        f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}",
+        (("block_n", bn), ("block_g", bg), ("num_warps", w), ("num_stages", s), ("max_m", max_m)),
+    )
 
 
 def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
@@ -51,29 +55,24 @@ def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
 
 
 # NOTE: a build on the GPU times these per use site (compiler/tactic_select.py); the first of
-# each is the default when cross-building without a GPU, a guess until the H200 benchmarks
-# (scripts/bench_quant.sh) pick better. Decode: BLOCK_N * BLOCK_K * next_pow2(T) fp32
-# products per program stay <= 64 registers per thread.
+# each is the default when cross-building without a GPU. GEMV: block_g blocks of 128 k per
+# chunk (32 blocks x 16 words is one 4-warp pass over a K = 4,096 row); BLOCK_M * BLOCK_N * 4
+# fp32 accumulators per thread.
 DECODE_TACTICS: tuple[Tactic, ...] = (
-    _dec(64, 128, 4, 4, 3, 2),
-    _dec(32, 128, 2, 4, 3, 2),
-    _dec(64, 128, 8, 4, 3, 1),
-    _dec(128, 128, 4, 8, 3, 2),
-    _dec(32, 64, 4, 4, 4, 4),
-    _dec(64, 64, 4, 4, 4, 4),
-    # no split-K: no fp32 partials and no reduce kernel after each of a decode step's 128
-    # W4A16 GEMMs, at the price of fewer, narrower programs (timing decides)
-    _dec(16, 128, 1, 4, 3, 2),
-    _dec(32, 128, 1, 4, 3, 1),
-    # NOTE: wider column tiles (128 and 256 columns, each x value serving more of a thread's
-    # columns) were never the fastest on the H200 (docs/bench/bench-w4a16.json): these GEMVs
-    # are bound by latency and launches, not by the instructions per weight
+    _dec(4, 32, 4, 1, 1),
+    _dec(8, 32, 4, 1, 1),
+    _dec(2, 32, 4, 1, 2),
+    _dec(4, 16, 2, 1, 1),
+    _dec(8, 16, 2, 1, 1),
+    _dec(4, 64, 8, 1, 1),
+    _dec(8, 32, 4, 2, 1),
+    _dec(1, 32, 4, 1, 4),
 )
-GEMM_TACTICS: tuple[Tactic, ...] = (
-    _mm(64, 128, 64, 4, 3),
-    _mm(128, 128, 64, 8, 3),
+GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interleaved blocks)
+    _mm(64, 128, 128, 4, 3),
+    _mm(128, 128, 128, 8, 3),
     _mm(32, 64, 128, 4, 3),
-    _mm(128, 256, 64, 8, 3),
+    _mm(128, 256, 128, 8, 3),
     _mm(16, 64, 128, 4, 4),
 )
 
@@ -91,151 +90,138 @@ W4A16_TACTICS: tuple[Tactic, ...] = tuple(
 
 
 _MAGIC = 0x4B000000  # the bits of 2^23 in fp32
+assert W4_BLOCK == 128  # the kernels spell the interleaved block as 128 k (16 words)
 
 
 @triton.jit
 def _nibble_minus_8(words, j: tl.constexpr, magic):
-    """(code - 8) * 16^j in fp32 for the 4-bit code in bits 4j .. 4j+3 of int32 `words`
-    (j < 5), with no shift and no int -> float conversion (a quarter of the FP32 rate on the
-    GPU; it bounded the decode path): the code is masked in place into the mantissa of 2^23
-    (2^23 + code * 16^j, exact, read as fp32), minus 2^23 + 8 * 16^j. `magic` is 0x4B000000
-    passed at run time: as a register, (words & mask) | magic is one LOP3 (with two
-    immediates it took two)."""
+    """code - 8 in fp32 for the 4-bit code in bits 4j .. 4j+3 of int32 `words` (j < 5), with no
+    shift and no int -> float conversion (a quarter of the FP32 rate on the GPU): the code is
+    masked in place into the mantissa of 2^23 (f = 2^23 + code * 16^j, exact, read as fp32),
+    then f * 16^-j - (2^23 * 16^-j + 8) is one FFMA (FADD for j = 0) whose exact result,
+    code - 8, is representable: no rounding. `magic` is 0x4B000000 passed at run time: as a
+    register, (words & mask) | magic is one LOP3 (with two immediates it took two)."""
     f = ((words & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
-    return f - (8388608.0 + 8.0 * (1 << (4 * j)))
+    if j == 0:
+        return f - 8388616.0
+    return tl.fma(f, 1.0 / (1 << (4 * j)), -(8388608.0 / (1 << (4 * j)) + 8.0))
 
 
 @triton.jit
-def _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS: tl.constexpr):
-    """One row of x (batch 1) times a chunk of packed words [BLOCK_K/8, BLOCK_N]: partial sums
-    per word row, [BLOCK_K/8, BLOCK_N] fp32. Works in the words' own layout (each thread keeps
-    its words and reuses an x value across its columns), one nibble position j of each half
-    word at a time: `_nibble_minus_8` gives (code - 8) * 16^j without shifting, and x comes
-    scaled by 16^-j (exact). About three instructions per weight: LOP3, FADD, FFMA."""
-    part = tl.zeros(words.shape, tl.float32)
-    for h in tl.static_range(2):
-        half = words
-        if h == 1:
-            half = (words >> 16) & 0xFFFF
-        for j in tl.static_range(4):
-            k = k0 + rkw * 8 + 4 * h + j
-            xj = tl.load(x_ptr + k)
-            if HAS_PQS:  # x * pre_quant_scale, rounded to x's dtype as the reference does
-                p = tl.load(pqs_ptr + k).to(x_ptr.dtype.element_ty).to(tl.float32)
-                xj = (xj.to(tl.float32) * p).to(x_ptr.dtype.element_ty)
-            xj = xj.to(tl.float32) * (1.0 / (1 << (4 * j)))
-            part += xj[:, None] * _nibble_minus_8(half, j, magic)
-    return part
+def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
+    """The activations that meet nibble j of the loaded words, in fp32; with HAS_PQS,
+    x * pre_quant_scale rounded to x's dtype first, as the reference does."""
+    if MASKED:
+        xj = tl.load(x_ptrs + 16 * j, mask=mask, other=0.0)
+    else:
+        xj = tl.load(x_ptrs + 16 * j)
+    if HAS_PQS:
+        if MASKED:
+            p = tl.load(p_ptrs + 16 * j, mask=mask, other=0.0)
+        else:
+            p = tl.load(p_ptrs + 16 * j)
+        p = p.to(xj.dtype).to(tl.float32)
+        xj = (xj.to(tl.float32) * p).to(xj.dtype)
+    return xj.to(tl.float32)
 
 
 @triton.jit
-def _w4a16_kernel(
-    x_ptr,
-    qw_ptr,
-    s_ptr,
-    pqs_ptr,
-    b_ptr,
-    out_ptr,
-    T,
-    N,
-    K,
-    sxm,
-    som,
-    magic,
-    HAS_PQS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    IEEE: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    GEMV: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr,
+def _w4a16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic,
+    HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[n, k] - 8) * scales[n, k // G] (+ b[n]) for
+    m < T and this program's BLOCK_N rows; KB = K / 128 blocks per row. Tensors are
+    [BLOCK_M, BLOCK_N, BLOCK_G, 16]: x rows, weight rows, blocks of the chunk, word in block.
+    MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial)."""
+    pdl_begin(PDL)
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = rn < N
+    rn_c = tl.where(nm, rn, 0)  # rows past N re-read row 0; masked at the store
+    rm = tl.arange(0, BLOCK_M)
+    mm = rm < T
+    rm_c = tl.where(mm, rm, 0)
+    BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
+    rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
+    n3 = rn_c.to(tl.int64)[None, :, None]
+    w_ptrs = qw_ptr + n3 * (KB * 16) + rw  # [1, BN, BKW]
+    s_ptrs = s_ptr + n3 * (KB // BLOCKS_PER_GROUP) + rw // (16 * BLOCKS_PER_GROUP)
+    x_off = (rw // 16) * 128 + rw % 16  # nibble j of word w meets x[128 (w // 16) + 16 j + w % 16]
+    x_ptrs = x_ptr + rm_c[:, None, None] * sxm + x_off  # [BM, 1, BKW]
+    p_ptrs = pqs_ptr + x_off
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
+    for g0 in tl.range(0, KB, BLOCK_G, num_stages=STAGES):
+        wm = (g0 * 16 + rw) < KB * 16
+        if MASKED:
+            words = tl.load(w_ptrs + g0 * 16, mask=wm, other=0, eviction_policy="evict_first")
+            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP, mask=wm, other=0.0)
+        else:
+            words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
+            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
+        xo, po = x_ptrs + g0 * 128, p_ptrs + g0 * 128
+        part = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
+        for h in tl.static_range(2):
+            half = words
+            if h == 1:
+                half = words >> 16  # nibbles 4..7 (the masks below drop the sign bits)
+            for j in tl.static_range(4):
+                xj = _x_nibble(xo, po, 4 * h + j, wm, HAS_PQS, MASKED)
+                part += xj * _nibble_minus_8(half, j, magic)
+        acc += part * sc.to(tl.float32)
+    y = tl.sum(acc, axis=2)  # [BM, BN]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
+    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _w4a16_mm_kernel(
+    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, K, sxm, som, magic,
+    HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
-):
-    """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[k, n] - 8) * scales[k // GROUP, n] (+ b[n]).
-
-    SPLIT_K > 1: out is an fp32 partial buffer [SPLIT_K, T, N]; bias and cast happen later.
-    K is a multiple of GROUP and GROUP of BLOCK_K, so K chunks need no mask.
-    """
+):  # fmt: skip
+    """out = (x * pqs) @ dequant(qweight)^T (+ b), [BLOCK_M, BLOCK_N] tiles; K is a multiple
+    of BLOCK_K, BLOCK_K of 128 and GROUP of BLOCK_K, so a chunk has one scale per row."""
     pdl_begin(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    sp = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = rm < T
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = rn < N
+    rn_c = tl.where(nm, rn, 0)
     rk = tl.arange(0, BLOCK_K)
-    rkw = tl.arange(0, BLOCK_K // 8)
+    rw = tl.arange(0, BLOCK_K // 8)
     shifts = tl.arange(0, 8) * 4
-    chunks = K // BLOCK_K
-    per_split = tl.cdiv(chunks, SPLIT_K)
-    k_lo = sp * per_split * BLOCK_K
-    k_hi = tl.minimum(chunks, (sp + 1) * per_split) * BLOCK_K
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * sxm
+    w_rows = qw_ptr + rn_c.to(tl.int64)[:, None] * (K // 8)
+    s_rows = s_ptr + rn_c.to(tl.int64) * (K // GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_rows = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)  # GEMV: summed after the loop
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-        # [BLOCK_K/8, BLOCK_N] packed words (row r: k0 + 8r + j in nibble j)
-        kw = (k0 // 8 + rkw).to(tl.int64)
-        words = tl.load(
-            qw_ptr + kw[:, None] * N + rn[None, :],
-            mask=nm[None, :],
-            other=0,
-            eviction_policy="evict_first",
-        )
-        sc = tl.load(s_ptr + (k0 // GROUP) * N + rn, mask=nm, other=0.0).to(tl.float32)
-        if GEMV:
-            # the chunk lies in one group: its scale multiplies the chunk's sums, not each weight
-            part = _gemv_chunk(words, x_ptr, pqs_ptr, k0, rkw, magic, HAS_PQS)
-            acc_rows += part * sc[None, :]
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        words = tl.load(w_rows + k0 // 8 + rw[None, :])  # [BN, BK/8]
+        # [BN, blocks, word c, nibble j] -> k order (block, j, c)
+        codes = words[:, :, None] >> shifts[None, None, :]
+        codes = tl.reshape(codes, [BLOCK_N, BLOCK_K // 128, 16, 8])
+        codes = tl.reshape(tl.permute(codes, (0, 1, 3, 2)), [BLOCK_N, BLOCK_K])
+        sc = tl.load(s_rows + k0 // GROUP).to(tl.float32)
+        w = _nibble_minus_8(codes, 0, magic) * sc[:, None]  # [BN, BK]
+        xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
+        if HAS_PQS:
+            p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
+            xk = (xk.to(tl.float32) * p[None, :]).to(x_ptr.dtype.element_ty)
+        if IEEE:
+            acc = tl.dot(xk, tl.trans(w), acc, input_precision="ieee")
         else:
-            codes = tl.reshape(words[:, None, :] >> shifts[None, :, None], [BLOCK_K, BLOCK_N])
-            w = _nibble_minus_8(codes, 0, magic) * sc[None, :]
-            xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
-            if HAS_PQS:
-                p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
-                xk = (xk.to(tl.float32) * p[None, :]).to(x_ptr.dtype.element_ty)
-            if USE_DOT:
-                if IEEE:
-                    acc = tl.dot(xk, w, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(xk, w.to(xk.dtype), acc)
-            else:
-                acc += tl.sum(xk.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    if GEMV:
-        acc = tl.sum(acc_rows, axis=0)[None, :]
-    if SPLIT_K > 1:
-        part = out_ptr + (sp * T).to(tl.int64) * N
-        tl.store(
-            part + rm.to(tl.int64)[:, None] * N + rn[None, :], acc, mask=mm[:, None] & nm[None, :]
-        )
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
-
-
-@triton.jit
-def _split_reduce_kernel(
-    part_ptr, b_ptr, out_ptr, T, N, som, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
-):  # fmt: skip
-    """out[m, :] = sum_s part[s, m, :] (+ b) in out's dtype."""
-    pdl_begin(PDL)
-    m = tl.program_id(0)
-    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    nm = rn < N
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(part_ptr + (s * T + m).to(tl.int64) * N + rn, mask=nm, other=0.0)
+            acc = tl.dot(xk, tl.trans(w.to(xk.dtype)), acc)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * som + rn, acc.to(out_ptr.dtype.element_ty), mask=nm)
+        acc += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
 
 def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
@@ -246,7 +232,8 @@ def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
 
 
 def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k: int) -> bool:
-    """Shapes and layouts the kernel takes (any device: the caller decides where it runs)."""
+    """Shapes and layouts the kernels take (any device: the caller decides where it runs);
+    block_k: the GEMM path's chunk (the GEMV takes any K that is a multiple of 128)."""
     K = x.shape[-1] if x.dim() == 2 else -1
     return (
         x.dim() == 2
@@ -254,77 +241,45 @@ def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, bloc
         and x.stride(1) == 1
         and zeros is None
         and K > 0
+        and group_size % W4_BLOCK == 0
         and K % group_size == 0
-        and group_size % block_k == 0
+        and K % block_k == 0
         and qweight.dtype == torch.int32
-        and qweight.shape[0] * 8 == K
+        and qweight.dim() == 2
+        and qweight.shape[1] * 8 == K
         and qweight.is_contiguous()
         and scales.is_contiguous()
-        and tuple(scales.shape) == (K // group_size, qweight.shape[1])
+        and tuple(scales.shape) == (qweight.shape[0], K // group_size)
         and (pre_quant_scale is None or pre_quant_scale.is_contiguous())
         and (bias is None or bias.is_contiguous())
     )
 
 
 def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params, decode):
-    """Run the kernel (decode or gemm path with `params`) into out [T, N]; checked by kernel_ok."""
+    """Run the GEMV (decode) or GEMM kernel with `params` into out [T, N]; checked by kernel_ok."""
     T, K = x.shape
-    N = qweight.shape[1]
+    N = qweight.shape[0]
     if T == 0 or N == 0:
         return out
-    bn, bk = int(params["block_n"]), int(params["block_k"])
-    if decode:
-        bm, split = max(1, triton.next_power_of_2(T)), int(params.get("split_k", 1))
-        split = max(1, min(split, K // bk))
-    else:
-        bm, split = int(params["block_m"]), 1
-    dst = out
-    if split > 1:
-        dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
     pqs = pre_quant_scale
-    _w4a16_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn), split)](
-        x,
-        qweight,
-        scales,
-        pqs if pqs is not None else scales,
-        bias if bias is not None else scales,
-        dst,
-        T,
-        N,
-        K,
-        x.stride(0),
-        out.stride(0),
-        _MAGIC,
-        HAS_PQS=pqs is not None,
-        HAS_BIAS=bias is not None,
-        USE_DOT=not decode,
-        IEEE=x.dtype == torch.float32,
-        SPLIT_K=split,
-        GEMV=decode and bm == 1,
-        GROUP=group_size,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        STAGES=int(params.get("num_stages", 2)),
-        num_warps=int(params.get("num_warps", 4)),
-        num_stages=1,
-        **launch_options(),
-    )
-    if split > 1:
-        block = min(1024, triton.next_power_of_2(N))
-        _split_reduce_kernel[(T, triton.cdiv(N, block))](
-            dst,
-            bias if bias is not None else dst,
-            out,
-            T,
-            N,
-            out.stride(0),
-            HAS_BIAS=bias is not None,
-            SPLIT_K=split,
-            BLOCK=block,
-            num_warps=4,
-            **launch_options(),
-        )
+    common = dict(HAS_PQS=pqs is not None, HAS_BIAS=bias is not None,
+                  num_warps=int(params.get("num_warps", 4)), num_stages=1, **launch_options())  # fmt: skip
+    args = (x, qweight, scales, pqs if pqs is not None else scales,
+            bias if bias is not None else scales, out, T, N)  # fmt: skip
+    stages = int(params.get("num_stages", 2))
+    if decode:
+        bn, bg, kb = int(params["block_n"]), int(params["block_g"]), K // W4_BLOCK
+        _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](
+            *args, kb, x.stride(0), out.stride(0), _MAGIC,
+            BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
+            BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, **common,
+        )  # fmt: skip
+    else:
+        bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
+        _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
+            *args, K, x.stride(0), out.stride(0), _MAGIC, IEEE=x.dtype == torch.float32,
+            GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, **common,
+        )  # fmt: skip
     return out
 
 
@@ -346,13 +301,14 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         """x: [T, K] -> [T, N] in x.dtype (written into `out` if given)."""
         decode = x.dim() == 2 and x.shape[0] <= max_m
         params = dec if decode else mm
+        block_k = W4_BLOCK if decode else int(params["block_k"])
         if x.device.type not in ("cuda", "meta") or not kernel_ok(
-            x, qweight, scales, pre_quant_scale, group_size, zeros, bias, int(params["block_k"])
+            x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k
         ):  # meta: the AOT dry run records the launches
             y = _reference(x, qweight, scales, pre_quant_scale, group_size, zeros, bias)
             return y if out is None else out.copy_(y)
         if out is None:
-            out = torch.empty((x.shape[0], qweight.shape[1]), dtype=x.dtype, device=x.device)
+            out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype, device=x.device)
         return launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params,
                             decode)  # fmt: skip
 
