@@ -57,13 +57,14 @@ def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
 # NOTE: a build on the GPU times these per use site (compiler/tactic_select.py); the first of
 # each is the default when cross-building without a GPU. GEMV: block_g blocks of 128 k per
 # chunk (32 blocks x 16 words is one 4-warp pass over a K = 4,096 row); BLOCK_M * BLOCK_N * 4
-# fp32 accumulators per thread.
+# fp32 accumulators per thread. First: the fastest for qkv, gate_up and down on the H200
+# (docs/bench/bench-w4a16-2026-12-04-v2-kernel.json; o: n4_g16_w2, 0.2 us faster).
 DECODE_TACTICS: tuple[Tactic, ...] = (
+    _dec(8, 16, 2, 1, 1),
     _dec(4, 32, 4, 1, 1),
     _dec(8, 32, 4, 1, 1),
     _dec(2, 32, 4, 1, 2),
     _dec(4, 16, 2, 1, 1),
-    _dec(8, 16, 2, 1, 1),
     _dec(4, 64, 8, 1, 1),
     _dec(8, 32, 4, 2, 1),
     _dec(1, 32, 4, 1, 4),
