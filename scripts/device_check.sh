@@ -9,7 +9,8 @@
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
-#   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json)               ~1 min
+#   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json), and the W4A16
+#            GEMM path at 128 and 2,048 rows (bench_w4a16_prefill.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
@@ -58,7 +59,9 @@ for stage in "${@:-tests}"; do
     w4)
       timeout 150 python3 scripts/bench_w4a16.py --out "$OUT/bench_w4a16.json" \
         > "$OUT/bench_w4a16.log" 2>&1 || rc=1
-      tail -6 "$OUT/bench_w4a16.log" ;;
+      timeout 120 python3 scripts/bench_w4a16_prefill.py --out "$OUT/bench_w4a16_prefill.json" \
+        > "$OUT/bench_w4a16_prefill.log" 2>&1 || rc=1
+      tail -6 "$OUT/bench_w4a16.log"; tail -9 "$OUT/bench_w4a16_prefill.log" ;;
     bench)
       # BENCH_ARGS: extra flags (default: also measure the engine built with --pdl)
       timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
