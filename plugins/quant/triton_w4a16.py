@@ -111,6 +111,13 @@ def _nibble_minus_8(words, j: tl.constexpr, magic):
 
 
 @triton.jit
+def _times_pqs(x, p):
+    """x * pre_quant_scale in x's dtype (one rounding, as the reference), as fp32."""
+    p = p.to(x.dtype).to(tl.float32)
+    return (x.to(tl.float32) * p).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
 def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
     """The activations that meet nibble j of the loaded words, in fp32; with HAS_PQS,
     x * pre_quant_scale rounded to x's dtype first, as the reference does."""
@@ -123,8 +130,7 @@ def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASK
             p = tl.load(p_ptrs + 16 * j, mask=mask, other=0.0)
         else:
             p = tl.load(p_ptrs + 16 * j)
-        p = p.to(xj.dtype).to(tl.float32)
-        xj = (xj.to(tl.float32) * p).to(xj.dtype)
+        return _times_pqs(xj, p)
     return xj.to(tl.float32)
 
 
@@ -137,7 +143,7 @@ def _w4a16_gemv_kernel(
 ):  # fmt: skip
     """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[n, k] - 8) * scales[n, k // G] (+ b[n]) for
     m < T and this program's BLOCK_N rows; KB = K / 128 blocks per row. Tensors are
-    [BLOCK_M, BLOCK_N, BLOCK_G, 16]: x rows, weight rows, blocks of the chunk, word in block.
+    [BLOCK_M, BLOCK_N, BLOCK_G * 16]: x rows, weight rows, words of the chunk.
     MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial)."""
     pdl_begin(PDL)
     pid = tl.program_id(0)
@@ -215,8 +221,7 @@ def _w4a16_mm_kernel(
         w = _nibble_minus_8(codes, 0, magic) * sc[:, None]  # [BN, BK]
         xk = tl.load(x_rows + (k0 + rk)[None, :], mask=mm[:, None], other=0.0)
         if HAS_PQS:
-            p = tl.load(pqs_ptr + k0 + rk).to(x_ptr.dtype.element_ty).to(tl.float32)
-            xk = (xk.to(tl.float32) * p[None, :]).to(x_ptr.dtype.element_ty)
+            xk = _times_pqs(xk, tl.load(pqs_ptr + k0 + rk)[None, :]).to(xk.dtype)
         if IEEE:
             acc = tl.dot(xk, tl.trans(w), acc, input_precision="ieee")
         else:
@@ -236,7 +241,7 @@ def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
 
 def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k: int) -> bool:
     """Shapes and layouts the kernels take (any device: the caller decides where it runs);
-    block_k: the GEMM path's chunk (the GEMV takes any K that is a multiple of 128)."""
+    block_k: the GEMM path's chunk, which must lie in one group (the GEMV passes 128)."""
     K = x.shape[-1] if x.dim() == 2 else -1
     return (
         x.dim() == 2
@@ -246,7 +251,7 @@ def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, bloc
         and K > 0
         and group_size % W4_BLOCK == 0
         and K % group_size == 0
-        and K % block_k == 0
+        and group_size % block_k == 0
         and qweight.dtype == torch.int32
         and qweight.dim() == 2
         and qweight.shape[1] * 8 == K
