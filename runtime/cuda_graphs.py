@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .kv_cache import KVCache
+from .memory import PREFILL_GRAPH_TOKENS
 from .model import AttnMetadata, Decoder
 from .sampler import greedy_tokens
 from .step_inputs import recorded_event, segments
@@ -186,18 +187,46 @@ class DecodeGraphs:
         return self.logits[bucket][:b], self.greedy[bucket][:b]
 
 
-def prefill_buckets(max_num_tokens: int, largest: int = 512) -> list[int]:
-    """Token counts of the captured single-prompt prefill graphs: 16, 32, ... up to `largest`."""
+# Prefill graphs: powers of two up to SMALL_PREFILL (launch-bound prompts: padding is cheap
+# there), then steps of LARGE_PREFILL_STEP up to LARGE_PREFILL. A large bucket runs only prompts
+# it pads by at most LARGE_PAD_MAX tokens: each padded token costs its share of the step's
+# GEMMs (~21 us per token on the H200 at 8B shapes), which outgrows the host's launch time
+# (the graph's gain, a few ms) past ~100 tokens.
+SMALL_PREFILL = 512
+LARGE_PREFILL_STEP = 256
+LARGE_PREFILL = PREFILL_GRAPH_TOKENS  # runtime/memory.py reserves their pool
+LARGE_PAD_MAX = 64
+
+
+def prefill_buckets(max_num_tokens: int, largest: int = LARGE_PREFILL) -> list[int]:
+    """Token counts of the captured single-prompt prefill graphs: 16, 32, ... SMALL_PREFILL,
+    then steps of LARGE_PREFILL_STEP up to `largest`, none past `max_num_tokens`."""
+    cap = min(largest, max_num_tokens)
     sizes, t = [], 16
-    while t <= min(largest, max_num_tokens):
+    while t <= min(SMALL_PREFILL, cap):
         sizes.append(t)
         t *= 2
+    t = SMALL_PREFILL + LARGE_PREFILL_STEP
+    while t <= cap:
+        sizes.append(t)
+        t += LARGE_PREFILL_STEP
     return sizes
+
+
+def prefill_bucket(buckets: list[int], tokens: int) -> int | None:
+    """The graph bucket a lone prompt chunk of `tokens` runs in, or None (run it eagerly):
+    the smallest bucket that holds it, unless that is a large one padding it by more than
+    LARGE_PAD_MAX tokens."""
+    b = next((x for x in buckets if x >= tokens), None)
+    if b is None or (b > SMALL_PREFILL and b - tokens > LARGE_PAD_MAX):
+        return None
+    return b
 
 
 class PrefillGraphs:
     """Captured prefill of one sequence's chunk of up to `buckets[-1]` tokens (the time to first
-    token of a lone short prompt is launch-bound when run op by op from Python).
+    token of a lone short prompt is launch-bound when run op by op from Python; a long one
+    still loses the host's launch time in its first layers, before the host gets ahead).
 
     The step runs as two sequences: the real chunk, and a padding sequence that fills the
     bucket, writing to and reading from the scratch block only.
@@ -276,13 +305,13 @@ class PrefillGraphs:
             plan.num_seqs == 1
             and plan.num_prefill == 1
             and bool(plan.samples[0])
-            and plan.num_tokens <= self.buckets[-1]
+            and prefill_bucket(self.buckets, plan.num_tokens) is not None
         )
 
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
         """A one-sequence prefill plan -> (logits [1, V], argmax [1])."""
         t = plan.num_tokens
-        bucket = next(x for x in self.buckets if x >= t)
+        bucket = prefill_bucket(self.buckets, t)
         if self._copied is not None:
             self._copied.synchronize()  # a pipelined executor may not have waited for it
         self._fill(

@@ -8,6 +8,8 @@ from .config import BuildConfig, ModelConfig
 from .errors import ConfigError
 
 CPU_KV_BUDGET_BYTES = 4 << 30
+# the largest captured prefill graph (cuda_graphs.LARGE_PREFILL; kept here to avoid the import)
+PREFILL_GRAPH_TOKENS = 2048
 
 
 def kv_bytes_per_token(cfg: ModelConfig, element_size: int, tp: int = 1) -> int:
@@ -23,15 +25,22 @@ def kv_bytes_per_block(
     return tokens_per_block * kv_bytes_per_token(cfg, elem, tp)
 
 
-def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:
-    """Upper bound of one step's live activations at max_num_tokens (plus float32 logits)."""
+def token_activation_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    """Upper bound of the live activations of a step of `tokens` tokens (no logits)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    t = build.max_num_tokens
     per_token = (
         cfg.qkv_size + 2 * cfg.intermediate_size + cfg.intermediate_size + 4 * cfg.hidden_size
     )
+    return tokens * per_token * elem
+
+
+def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:
+    """Upper bound of one step's live activations at max_num_tokens (plus float32 logits), and
+    of the captured prefill graphs' memory pool (their largest bucket, runtime/cuda_graphs.py),
+    which eager steps cannot reuse."""
     logits = build.max_batch_size * cfg.vocab_size * 4
-    return t * per_token * elem + 2 * logits
+    graphs = token_activation_bytes(cfg, min(PREFILL_GRAPH_TOKENS, build.max_num_tokens), dtype)
+    return token_activation_bytes(cfg, build.max_num_tokens, dtype) + 2 * logits + graphs
 
 
 def num_kv_blocks(

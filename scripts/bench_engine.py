@@ -198,12 +198,17 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         sync(device)
         return first, time.perf_counter() - t0
 
-    def ttft_samples(seed: int) -> dict[int, list[float]]:
-        """Five lone prompts per length: seconds to the first token of each."""
-        return {
-            n: [serve(prompts(1, n, vocab, seed + i), 1)[0] for i in range(5)]
-            for n in args.ttft_lens
-        }
+    def ttft_samples(seed: int, pause: float = 0.0) -> dict[int, list[float]]:
+        """Five lone prompts per length: seconds to the first token of each. pause: seconds
+        the GPU sits idle before each (a request reaching an idle server; back to back, the
+        2,048-token prefills' GEMMs run at the H200's power limit)."""
+        out: dict[int, list[float]] = {}
+        for n in args.ttft_lens:
+            out[n] = []
+            for i in range(5):
+                time.sleep(pause)
+                out[n].append(serve(prompts(1, n, vocab, seed + i), 1)[0])
+        return out
 
     serve(prompts(2, 16, vocab, 1), 4)  # warm-up
     early = ttft_samples(10)
@@ -213,6 +218,12 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     # NOTE: the same TTFT once more, after the GPU has been busy for seconds: a difference
     # from the first points at warm-up (clocks, first-time costs) rather than the step itself
     late = ttft_samples(50)
+    # the same lone prompts run eagerly, op by op from Python (no prefill graph): what the
+    # graphs save at each length
+    graphs, ex.prefill_graphs = ex.prefill_graphs, None
+    eager = ttft_samples(60)
+    ex.prefill_graphs = graphs
+    spaced = ttft_samples(70, pause=0.5)
     m = ex.config.model
     profile = {}
     if args.profile and device.type == "cuda":
@@ -237,6 +248,10 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
         "ttft_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in early.items()},
         "ttft_late_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in late.items()},
+        "ttft_spaced_samples_ms": {
+            str(n): [round(x * 1e3, 3) for x in v] for n, v in spaced.items()
+        },
+        "ttft_eager_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in eager.items()},
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
         # NOTE: what a decode step reads (the embedding and RoPE tables only a row per token)
         "weight_bytes": decode_weight_bytes(ex.decoder.w, m),

@@ -64,10 +64,14 @@ for stage in "${@:-tests}"; do
       tail -6 "$OUT/bench_w4a16.log"; tail -9 "$OUT/bench_w4a16_prefill.log" ;;
     bench)
       # BENCH_ARGS: extra flags (default: also measure the engine built with --pdl)
+      # clocks.csv: SM clock, power and temperature every 200 ms (TTFT varies with them)
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
+        -lms 200 > "$OUT/clocks.csv" 2>/dev/null & smi=$!
       timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
         --out "$OUT/bench_engine.json" --work /tmp/ingot-bench --decode-tokens 128 \
         ${BENCH_ARGS---pdl-too} \
         > "$OUT/bench_engine.log" 2>&1 || rc=1
+      kill $smi 2>/dev/null
       tail -45 "$OUT/bench_engine.log" ;;
     batch)
       timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \

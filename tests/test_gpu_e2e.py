@@ -14,6 +14,7 @@ from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
 from ingot.runtime.engine import load_engine
 from ingot.runtime.executor import Executor
+from ingot.runtime.types import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -172,3 +173,27 @@ def test_engine_from_another_triton_is_refused(tmp_path, monkeypatch):
     with pytest.raises(EngineError, match="Triton") as e:
         Executor(load_engine(gpu))
     assert "rebuild" in e.value.one_line()
+
+
+def test_long_lone_prompts_run_in_large_prefill_graphs_or_eagerly(tmp_path):
+    """A lone prompt above 512 tokens runs in a large prefill graph when it pads the bucket by
+    little (runtime/cuda_graphs.py), eagerly otherwise; the tokens are the CPU engine's."""
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=4, max_position_embeddings=2048)
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="float32")
+    build = BUILD | {"max_seq_len": 1280, "max_num_tokens": 1024}
+    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=build, tactics="default")
+    cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=build)
+    vocab = load_engine(cpu).config.model.vocab_size
+    g = torch.Generator().manual_seed(9)
+    lens = [1024, 730, 600, 768]  # 1024 and 768 exactly; 730 padded by 38; 600 eagerly
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+    ex = Executor(load_engine(gpu))
+    assert ex.prefill_graphs.buckets[-2:] == [768, 1024]
+    used = []
+    run = ex.prefill_graphs.run
+    ex.prefill_graphs.run = lambda plan: used.append(plan.num_tokens) or run(plan)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    on_gpu = [ex.generate([p], params)[0].output_ids for p in prompts]
+    assert used == [1024, 730, 768]
+    ref = Executor(load_engine(cpu))
+    assert on_gpu == [ref.generate([p], params)[0].output_ids for p in prompts]

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ingot.runtime.cuda_graphs import batch_buckets, packed_int32, prefill_buckets
+from ingot.runtime.cuda_graphs import (
+    LARGE_PAD_MAX,
+    batch_buckets,
+    packed_int32,
+    prefill_bucket,
+    prefill_buckets,
+)
 from ingot.runtime.step_inputs import StepInputs
 
 
@@ -29,8 +35,22 @@ def test_buckets():
     assert batch_buckets(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 128, 192, 256]
     assert batch_buckets(2048)[-7:] == [256, 320, 384, 448, 512, 1024, 2048]
     assert batch_buckets(1) == [1]
-    assert prefill_buckets(8192) == [16, 32, 64, 128, 256, 512]
+    large = [768, 1024, 1280, 1536, 1792, 2048]
+    assert prefill_buckets(8192) == [16, 32, 64, 128, 256, 512, *large]
     assert prefill_buckets(64) == [16, 32, 64]
+    assert prefill_buckets(1100) == [16, 32, 64, 128, 256, 512, 768, 1024]
+
+
+def test_prefill_bucket_pads_a_large_prompt_by_little_or_runs_it_eagerly():
+    b = prefill_buckets(8192)
+    # up to 512 tokens: the smallest power of two that holds the prompt, however padded
+    assert [prefill_bucket(b, t) for t in (1, 16, 17, 300, 512)] == [16, 16, 32, 512, 512]
+    # above: a bucket only within LARGE_PAD_MAX tokens of it
+    assert prefill_bucket(b, 768 - LARGE_PAD_MAX) == 768
+    assert prefill_bucket(b, 768 - LARGE_PAD_MAX - 1) is None
+    assert prefill_bucket(b, 513) is None
+    assert [prefill_bucket(b, t) for t in (2000, 2048)] == [2048, 2048]
+    assert prefill_bucket(b, 2049) is None  # past the largest graph
 
 
 def test_step_inputs_round_trip_aligned_and_reuse_the_buffer():
