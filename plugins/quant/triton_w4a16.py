@@ -22,7 +22,9 @@ Two kernels, chosen by the number of rows T of x:
   dequantized to the model dtype and multiplied with `tl.dot` (tensor cores), fp32
   accumulator; fp32 activations use IEEE dots. NOTE: on the H200 this path is 1.5-1.8x slower
   than v1's (which read [K/8, N] tiles with no reorder); gathering x in word order instead of
-  reordering the weights was 3-6x slower still (docs/performance.md, 2026-12-04).
+  reordering the weights was 3-6x slower still, and x put in word order by a copy before the
+  kernel (no reorder inside) 5-15% slower: the reorder is not the cost; v2's 64-byte row
+  segments per 128-k chunk are the suspect (docs/performance.md, 2026-12-04 16:20).
 
 The activation is scaled by pre_quant_scale in the model dtype (rounded once, as the
 reference does) when it is loaded. Zero points (asymmetric), group sizes that are not a
