@@ -180,6 +180,22 @@ def test_pdl_on_a_cpu_build_is_one_line(ckpt, tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_max_num_tokens_below_max_batch_size_builds_with_a_note(ckpt, tmp_path):
+    r = invoke(
+        "build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "e",
+        "--target", "cpu", "--config", "tiny-llama", "--max-batch-size", "8",
+        "--max-num-tokens", "4",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    note = r.stderr.strip().splitlines()
+    assert len(note) == 1 and note[0].startswith("note: --max-num-tokens 4 is below"), r.stderr
+    ok = invoke(
+        "build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "f",
+        "--target", "cpu", "--config", "tiny-llama", "--max-batch-size", "8",
+    )  # fmt: skip
+    assert ok.exit_code == 0 and "note:" not in ok.stderr, ok.output
+
+
 def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):
     e = _copy(engine, tmp_path)
     _edit_config(e, target="sm_90")
