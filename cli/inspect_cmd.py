@@ -60,6 +60,13 @@ def inspect_engine_cmd(
         f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
         + (", programmatic dependent launch" if b.pdl else "")
     )
+    phases = (cfg.extra or {}).get("build_seconds")
+    if phases:  # engines built before it do not record them
+        typer.echo(
+            f"build time    {sum(phases.values()):.1f} s ("
+            + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+            + ")"
+        )
     typer.echo("plugins")
     for p in cfg.plugins:
         label = f"{p.name}@{p.site}" if p.site else p.name

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -264,6 +265,7 @@ def build_engine(
     max_kl: refuse (ConfigError) when the checkpoint's accuracy report has a mean KL above it.
     """
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
+    laps = _Laps()  # seconds per phase, kept in the engine (extra.build_seconds)
     with atomic_output_dir(Path(output_dir), force, "engine") as tmp:
         meta, tensors = load_checkpoint(Path(checkpoint_dir))
         model: ModelConfig = meta["model"]
@@ -281,7 +283,9 @@ def build_engine(
                 "convert the checkpoint with --tp-size 1",
             )
         names = list(tensors)
+        laps("checkpoint")
         weights = _engine_weights(meta, tensors, build, progress)
+        laps("weights")
         # Tactics and ahead-of-time kernels are sized for one rank's shapes (tp 1: the model).
         shapes_model = local_model_config(model, tp)
         rank_files: dict[str, str] = {}
@@ -302,6 +306,7 @@ def build_engine(
                     plugins = select_plugins(
                         build.target, shapes_model, build, progress, tactics, meta["quant"]
                     )
+                    laps("tactics")
                     if target_kind(build.target) == "cuda":
                         extra.update(
                             write_kernels(
@@ -316,15 +321,19 @@ def build_engine(
                                 cache_dir,
                             )
                         )
+                    laps("kernels")
             finally:
                 for r, future in enumerate(writing):
                     name = rank_file_name(r)
                     rank_files[name], rank_chunks[name] = future.result()
+        laps("rank_files_wait")  # their writing overlaps the tactics and kernels
         if progress:
             progress("writing engine", len(names), len(names))
         src_tok = Path(checkpoint_dir) / TOKENIZER_DIR
         if src_tok.is_dir():
             shutil.copytree(src_tok, tmp / TOKENIZER_DIR)
+        laps("tokenizer")
+        extra["build_seconds"] = laps.seconds
         cfg = EngineConfig(
             model=model,
             quant=meta["quant"],
@@ -337,6 +346,19 @@ def build_engine(
         )
         write_engine_config(tmp, cfg)
     return Path(output_dir)
+
+
+class _Laps:
+    """Seconds between calls, by the name of the phase each call ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._t, 3)
+        self._t = now
 
 
 def _engine_weights(

@@ -67,8 +67,14 @@ def test_build_records_everything_and_inspect_verifies(engine):
     assert set(d["rank_files"]) == {"rank0.engine"} and len(d["rank_files"]["rank0.engine"]) == 64
     assert len(d["rank_chunks"]["files"]["rank0.engine"]) >= 1  # chunk digests for fast loads
     assert (engine / "tokenizer" / "tokenizer_config.json").is_file()
+    phases = d["extra"]["build_seconds"]  # where a build's time went, phase by phase
+    assert list(phases) == [
+        "checkpoint", "weights", "tactics", "kernels", "rank_files_wait", "tokenizer",
+    ]  # fmt: skip
+    assert all(v >= 0 for v in phases.values())
     r = invoke("inspect-engine", engine)
     assert r.exit_code == 0, r.output
+    assert "build time" in r.stdout and "tactics" in r.stdout
     assert (
         "verified" in r.stdout and "LlamaForCausalLM" in r.stdout and "paged_attention" in r.stdout
     )
