@@ -61,6 +61,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+# seconds the GPU sits idle before each "spaced" TTFT sample (a request reaching an idle server)
+PAUSE_S = 0.5
+
+
 def make_model(shape: dict, device: torch.device, out_dir: Path):
     """Random bf16 Llama on `device`, saved as an HF dir with a small offline tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -108,6 +112,12 @@ def hf_measure(model, device, vocab: int, args) -> dict:
         n: statistics.median(gen(prompts(1, n, vocab, 10 + i), 1) for i in range(3))
         for n in args.ttft_lens
     }
+
+    def spaced(n: int, i: int) -> float:
+        time.sleep(PAUSE_S)  # as ingot's ttft_spaced_samples_ms: the GPU idle first
+        return gen(prompts(1, n, vocab, 70 + i), 1)
+
+    ttft_spaced = {n: statistics.median(spaced(n, i) for i in range(3)) for n in args.ttft_lens}
     # decode: time between the first and the last token's logits (as `ingot bench` does)
     stamps = StepStamps(device, time.perf_counter())
     gen(prompts(1, 128, vocab, 20), args.decode_tokens, stamps)
@@ -116,6 +126,7 @@ def hf_measure(model, device, vocab: int, args) -> dict:
     return {
         "decode_b1_tok_s": (len(stamps.times) - 1) / decode_s,
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
+        "ttft_spaced_ms": {str(n): v * 1e3 for n, v in ttft_spaced.items()},
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
     }
 
@@ -223,7 +234,7 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     graphs, ex.prefill_graphs = ex.prefill_graphs, None
     eager = ttft_samples(60)
     ex.prefill_graphs = graphs
-    spaced = ttft_samples(70, pause=0.5)
+    spaced = ttft_samples(70, pause=PAUSE_S)
     m = ex.config.model
     profile = {}
     if args.profile and device.type == "cuda":
