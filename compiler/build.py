@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +28,7 @@ from ingot.runtime.distributed import local_model_config
 from ingot.runtime.engine import EngineConfig, PluginChoice, rank_file_name, write_engine_config
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
+from ingot.runtime.timing import Lap
 
 from .atomic import atomic_output_dir
 from .checkpoint import TOKENIZER_DIR, load_checkpoint
@@ -265,7 +265,8 @@ def build_engine(
     max_kl: refuse (ConfigError) when the checkpoint's accuracy report has a mean KL above it.
     """
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
-    laps = _Laps()  # seconds per phase, kept in the engine (extra.build_seconds)
+    phases: dict[str, float] = {}  # seconds per phase, kept in the engine (extra.build_seconds)
+    laps = Lap(phases, torch.device("cpu"))
     with atomic_output_dir(Path(output_dir), force, "engine") as tmp:
         meta, tensors = load_checkpoint(Path(checkpoint_dir))
         model: ModelConfig = meta["model"]
@@ -333,7 +334,7 @@ def build_engine(
         if src_tok.is_dir():
             shutil.copytree(src_tok, tmp / TOKENIZER_DIR)
         laps("tokenizer")
-        extra["build_seconds"] = laps.seconds
+        extra["build_seconds"] = {k: round(v, 3) for k, v in phases.items()}
         cfg = EngineConfig(
             model=model,
             quant=meta["quant"],
@@ -346,19 +347,6 @@ def build_engine(
         )
         write_engine_config(tmp, cfg)
     return Path(output_dir)
-
-
-class _Laps:
-    """Seconds between calls, by the name of the phase each call ends."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = round(now - self._t, 3)
-        self._t = now
 
 
 def _engine_weights(

@@ -23,6 +23,7 @@ from .model import AttnMetadata, Decoder, Ops, trailing_decodes
 from .sampler import RequestSampler, greedy_tokens
 from .scheduler import Scheduler, SchedulerConfig
 from .step_inputs import StepInputs
+from .timing import Lap
 from .types import FinishReason, Request, SamplingParams
 
 # what an eager step reads on the device (one packed copy: step_inputs.py)
@@ -40,20 +41,6 @@ STEP_PHASES = ("start", "next", "readback", "settle")
 # Called after each step with (request, new token id); text-level stop checks live above this.
 TokenCallback = Callable[[Request, int], None]
 StopCheck = Callable[[Request], bool]
-
-
-class _Lap:
-    """Records the seconds since the previous call under a name (device synchronized)."""
-
-    def __init__(self, into: dict[str, float], device: torch.device) -> None:
-        self.into, self.device, self.t = into, device, time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.into[name] = now - self.t
-        self.t = now
 
 
 class Executor:
@@ -97,7 +84,7 @@ class Executor:
         self.kernels = 0
         # seconds per load phase (benchmarks report them; the GPU phases end synchronized)
         self.load_seconds: dict[str, float] = {}
-        lap = _Lap(self.load_seconds, self.device)
+        lap = Lap(self.load_seconds, self.device)
         if self.device.type == "cuda":
             # NOTE: before any kernel launches, so every launch finds its ahead-of-time binary.
             self.kernels = install_engine_kernels(engine.dir, cfg.rank_files.get(KERNELS_FILE))
