@@ -51,10 +51,11 @@ def build_engine_cmd(
     pdl: bool = typer.Option(
         None,
         "--pdl/--no-pdl",
-        help="Programmatic dependent launch between the forward pass's kernels (sm_90+): "
-        "each may start while the one before it finishes. On an H200 (Llama-3.1-8B shapes) "
-        "batch-1 decode ran from 0.6% slower to 4.4% faster over four runs and batch-64 "
-        "throughput 0.3-1.6% slower (docs/performance.md). [preset or off]",
+        help="Programmatic dependent launch between the Triton kernels of small decode batches "
+        "(up to 8 tokens; sm_90+): each may start while the one before it finishes. On an H200 "
+        "(Llama-3.1-8B shapes) batch-1 decode ran 2.0% faster, measured against it in one process "
+        "(docs/performance.md). Larger batches and prefills run without it. [preset, else on "
+        "for unquantized engines on sm_90+ targets]",
     ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."

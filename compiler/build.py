@@ -23,7 +23,7 @@ import yaml
 from ingot.plugins import get_spec, target_kind
 from ingot.plugins.quant import GEMM_PLUGIN_OF_MODE, unused_plugins
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
-from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
+from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig, pdl_capable
 from ingot.runtime.distributed import local_model_config
 from ingot.runtime.engine import EngineConfig, PluginChoice, rank_file_name, write_engine_config
 from ingot.runtime.engine_format import write_engine_file
@@ -57,11 +57,17 @@ def find_preset(name_or_path: str) -> Path:
 
 
 def resolve_build_config(
-    preset: str | None, overrides: dict[str, Any], model: ModelConfig | None = None
+    preset: str | None,
+    overrides: dict[str, Any],
+    model: ModelConfig | None = None,
+    quant: QuantConfig | None = None,
 ) -> BuildConfig:
     """defaults < preset YAML < explicit flags (None in `overrides` means 'not given').
 
-    A max_seq_len left at its default is capped at the model's max_position_embeddings.
+    A max_seq_len left at its default is capped at the model's max_position_embeddings; pdl
+    left unset is on for an sm_90+ target when the engine is unquantized (`quant` none with
+    the model-dtype KV cache): FP8 engines with it on disagreed with the CPU engine on the
+    H200 (docs/performance.md, 2026-12-04), so they keep it opt-in.
     """
     fields = {f.name for f in dataclasses.fields(BuildConfig)}
     values: dict[str, Any] = {}
@@ -84,6 +90,9 @@ def resolve_build_config(
             )
         values.update(build)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if "pdl" not in values:  # neither preset nor flag
+        plain = quant is None or (quant.mode == "none" and quant.kv_cache_dtype == "auto")
+        values["pdl"] = plain and pdl_capable(values.get("target", BuildConfig().target))
     return BuildConfig(**values)
 
 
@@ -130,6 +139,17 @@ def select_plugins(
             )
         )
     return tuple(c for c in default_choices(target, model) if c.name not in unused)
+
+
+def check_pdl_quant(build: BuildConfig, quant: QuantConfig) -> None:
+    """Refuse PDL for an engine with FP8 weights or an FP8 KV cache: on the H200 such engines
+    hit an illegal memory access once in two captures and disagreed with the CPU engine
+    (docs/performance.md, 2026-12-04); not explained yet."""
+    if build.pdl and "fp8" in (quant.mode, quant.kv_cache_dtype):
+        raise ConfigError(
+            "--pdl is not supported yet for engines with FP8 weights or an FP8 KV cache",
+            "build without --pdl (or with --no-pdl)",
+        )
 
 
 def check_quant_target(target: str, quant: QuantConfig) -> None:
@@ -274,7 +294,8 @@ def build_engine(
         check_max_kl(report, max_kl)
         overrides = dict(overrides or {})
         overrides["target"] = resolve_target(target)
-        build = resolve_build_config(preset, overrides, model)
+        build = resolve_build_config(preset, overrides, model, meta["quant"])
+        check_pdl_quant(build, meta["quant"])
         check_fits(model, build)
         check_quant_target(build.target, meta["quant"])
         tp = meta["tp_size"]

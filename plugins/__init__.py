@@ -89,6 +89,14 @@ _op(
     "gemm.cuda:GEMM_TACTICS",
 )
 _op("gemm", (), "gemm.reference:make_linear", "gemm.cuda:make_linear", "gemm.cuda:GEMM_TACTICS")
+# the QKV projection with RoPE and the KV write in its epilogue (decode-sized batches)
+_op(
+    "qkv_rope_gemm",
+    (("num_heads", "int32"), ("num_kv_heads", "int32"), ("tokens_per_block", "int32")),
+    "gemm.reference:make_qkv_rope_linear",
+    "gemm.qkv_rope:make_qkv_rope_linear",
+    "gemm.qkv_rope:QKV_ROPE_TACTICS",
+)
 _op(
     "swiglu",
     (),

@@ -144,6 +144,11 @@ class QuantConfig:
         return cls(**d)
 
 
+def pdl_capable(target: str) -> bool:
+    """Whether `target` ('cpu', 'sm_XY') has programmatic dependent launch (SM 90+)."""
+    return target.startswith("sm_") and target[3:].isdigit() and int(target[3:]) >= 90
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """Limits an engine is built for. Flags override presets, presets override these defaults."""
@@ -154,6 +159,8 @@ class BuildConfig:
     tokens_per_block: int = 16
     target: str = "cpu"
     # programmatic dependent launch between the forward pass's Triton kernels (plugins/pdl.py)
+    # in small decode batches (runtime/model.py: Decoder.uses_pdl); build-engine turns it on
+    # for sm_90+ targets unless told otherwise (compiler/build.py: resolve_build_config)
     pdl: bool = False
 
     def __post_init__(self) -> None:
@@ -166,7 +173,7 @@ class BuildConfig:
         )
         _require(isinstance(self.pdl, bool), f"pdl must be true or false, got {self.pdl!r}")
         _require(
-            not self.pdl or (self.target[3:].isdigit() and int(self.target[3:]) >= 90),
+            not self.pdl or pdl_capable(self.target),
             f"pdl needs an sm_90 or newer target (programmatic dependent launch), "
             f"not {self.target!r}",
         )

@@ -21,6 +21,9 @@ from .engine import EngineConfig
 from .kv_cache import KVCache
 from .linear import make_linear
 
+# the largest forward pass (tokens) that uses programmatic dependent launch (Decoder.uses_pdl)
+PDL_MAX_ROWS = 8
+
 
 @dataclass
 class AttnMetadata:
@@ -117,6 +120,20 @@ class Decoder:
         # kernel (a byte in each of hd sectors). Off: both kernel versions cost the attention
         # more than the RoPE kernel saved (docs/performance.md, 12-03 19:25 and 21:20).
         self.decode_writes_v = False
+        # The QKV projection with RoPE and the KV write in its epilogue at decode sizes
+        # (unquantized engines that have the plugin; Qwen3's q/k norms sit between the two).
+        # NOTE: the kernel writes FP8 caches too (GPU-tested against the unfused kernels), but
+        # an FP8-KV engine with it and PDL disagreed with the CPU engine on the H200; PDL alone
+        # then hit an illegal memory access there (docs/performance.md, 2026-12-04), so PDL is
+        # the suspect, yet this was not run apart: off for FP8 caches until it is.
+        self.qkv_rope = None
+        if (
+            quant.mode == "none"
+            and not self.fp8_kv
+            and not cfg.qk_norm
+            and hasattr(ops, "qkv_rope_gemm")
+        ):
+            self.qkv_rope = ops.at("qkv_rope_gemm", "attn.qkv")
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
@@ -149,6 +166,17 @@ class Decoder:
     ) -> torch.Tensor:
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
+        k_cache, v_cache = kv.layer(i)
+        # FP8 KV cache (quantization): the per-layer scales ride along; nothing extra otherwise.
+        fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
+        # the o projection's FP8 input, quantized by the attention kernels (`fp8_attn_out`)
+        out_q = {"out_scale": w[p + "o.input_scale"]} if self.fp8_attn_out else {}
+        if self.qkv_rope is not None and not self.decode_writes_v:
+            q = self.qkv_rope(
+                x, w[p + "qkv.weight"], w.get(p + "qkv.bias"), positions, self.cos, self.sin,
+                k_cache, v_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, **fp8,
+            )  # fmt: skip
+            return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q))
         qkv = self.linears[p + "qkv"](x)  # [T, qkv_size / tp]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, c.head_dim)
@@ -157,11 +185,6 @@ class Decoder:
         if c.qk_norm:
             q = ops.rms_norm(q, w[p + "q_norm.weight"], c.rms_norm_eps)
             k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
-        k_cache, v_cache = kv.layer(i)
-        # FP8 KV cache (quantization): the per-layer scales ride along; nothing extra otherwise.
-        fp8 = {"k_scale": w[p + "k_scale"], "v_scale": w[p + "v_scale"]} if self.fp8_kv else {}
-        # the o projection's FP8 input, quantized by the attention kernels (`fp8_attn_out`)
-        out_q = {"out_scale": w[p + "o.input_scale"]} if self.fp8_attn_out else {}
         rope_kw, attn_kw = dict(fp8), dict(fp8, **out_q)
         if self.decode_writes_v and self.fused_rope_kv:
             t = q.shape[0]
@@ -175,6 +198,11 @@ class Decoder:
         else:
             q, k = ops.rope(q, k, positions, self.cos, self.sin)
             ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
+        return self._attend(i, q, meta, k_cache, v_cache, attn_kw)
+
+    def _attend(self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw) -> torch.Tensor:
+        """Attention of the rotated q over the paged cache, then the o projection."""
+        c, ops = self.cfg, self.ops
         o = ops.paged_attention(
             q,
             k_cache,
@@ -189,7 +217,7 @@ class Decoder:
             num_decodes=meta.num_decodes,
             **attn_kw,
         )
-        out = self.linears[p + "o"](o.reshape(-1, self.q_size))  # [T, D] (a partial sum)
+        out = self.linears[f"layers.{i}.attn.o"](o.reshape(-1, self.q_size))  # [T, D] partial
         if self.comm is not None:
             self.comm.all_reduce_(out)
         return out
@@ -233,8 +261,15 @@ class Decoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
-        with pdl.scope(self.ops.pdl):
+        with pdl.scope(self.uses_pdl(input_ids.shape[0])):
             return self._forward(input_ids, positions, meta, kv)
+
+    def uses_pdl(self, rows: int) -> bool:
+        """Whether a pass over `rows` tokens launches the PDL kernel variants: in PDL engines,
+        small decode batches only. Those chain ~290 short GEMV-bound kernels (H200, batch 1,
+        in one process: 249.5 vs 244.8 tok/s); larger passes run cuBLAS GEMMs, which never
+        signal early, and measured 0.3-1.6% slower with PDL at batch 64 (docs/performance.md)."""
+        return self.ops.pdl and rows <= PDL_MAX_ROWS
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
@@ -288,7 +323,7 @@ class Decoder:
         tp: every rank must call it with the same B (a collective); each computes its
         vocabulary slice and all gather the full (padded) vocabulary."""
         if self.comm is None:
-            with pdl.scope(self.ops.pdl):
+            with pdl.scope(self.uses_pdl(hidden.shape[0])):
                 return self._lm_head(hidden, self.lm_head)
         if hidden.shape[0] == 0:
             return hidden.new_zeros(0, self.cfg.vocab_size)

@@ -182,6 +182,45 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
     }
 
 
+# Batch-1 decode variants the A/B alternates in one process (decode graphs recaptured for
+# each): the engine as built (PDL on: the default), without the QKV GEMV's RoPE epilogue,
+# without PDL (its plain small-batch kernels compile at the first capture). Runs differ by a few % between calls, so a change
+# worth less than that is measured here, not across calls.
+AB_VARIANTS = {
+    "engine": {},
+    "rope_unfused": {"qkv_rope": None},
+    "no_pdl": {"pdl": False},
+}
+
+
+def decode_ab(ex, run, args) -> dict[str, list[float]]:
+    """tok/s of each AB_VARIANTS entry, args.ab_rounds times in turn; the executor is left as
+    it was (its decode graphs recaptured for every batch bucket)."""
+    from ingot.runtime.cuda_graphs import DecodeGraphs
+
+    if not args.ab_rounds or ex.graphs is None:
+        return {}
+    dec, b = ex.decoder, ex.config.build
+    saved = {"qkv_rope": dec.qkv_rope, "pdl": dec.ops.pdl}
+    width = ex.scheduler.config.max_blocks_per_seq
+
+    def use(changes: dict, max_batch: int) -> None:
+        ex.graphs = None
+        torch.cuda.empty_cache()
+        dec.qkv_rope = changes.get("qkv_rope", saved["qkv_rope"])
+        dec.ops.pdl = changes.get("pdl", saved["pdl"])
+        ex.graphs = DecodeGraphs(dec, ex.kv, max_batch, width, b.max_seq_len, ex.device)
+
+    out: dict[str, list[float]] = {k: [] for k in AB_VARIANTS}
+    for _ in range(args.ab_rounds):
+        for name, changes in AB_VARIANTS.items():
+            use(changes, 1)
+            first, total = run()
+            out[name].append(round((args.decode_tokens - 1) / (total - first), 2))
+    use({}, b.max_batch_size)
+    return out
+
+
 def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     from ingot.runtime.engine import load_engine
     from ingot.runtime.executor import Executor
@@ -236,6 +275,10 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     ex.prefill_graphs = graphs
     spaced = ttft_samples(70, pause=PAUSE_S)
     m = ex.config.model
+    try:  # NOTE: a failure here must not cost the other figures
+        ab = decode_ab(ex, lambda: serve(prompts(1, 128, vocab, 20), args.decode_tokens), args)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON
+        ab = {"error": f"{type(e).__name__}: {e}"[:2000]}
     profile = {}
     if args.profile and device.type == "cuda":
         for n in args.ttft_lens:
@@ -254,6 +297,7 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
             for c in ex.config.plugins
         },
         "profile": profile,
+        "decode_b1_ab_tok_s": ab,
         "kv_blocks": ex.kv.num_blocks,
         "decode_b1_tok_s": (args.decode_tokens - 1) / (total - first),
         "ttft_ms": {str(n): v * 1e3 for n, v in ttft.items()},
@@ -285,14 +329,13 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (torch.profiler)")
     ap.add_argument(
-        "--pdl-too",
-        action="store_true",
-        help="also build the engine with programmatic dependent launch and measure it",
+        "--ab-rounds",
+        type=int,
+        default=0,
+        help="batch-1 decode of the AB_VARIANTS alternated this many rounds in one process",
     )
     args = ap.parse_args()
     device = torch.device(args.device)
-    if args.pdl_too and device.type != "cuda":
-        ap.error("--pdl-too needs a CUDA device (programmatic dependent launch is sm_90+)")
     shape = TINY if args.tiny else LLAMA_8B
     work = args.work or Path(tempfile.mkdtemp(prefix="ingot-bench-"))
     from ingot.compiler.build import build_engine
@@ -321,7 +364,7 @@ def main() -> None:
     shutil.rmtree(work / "hf")
     target = "cpu" if device.type == "cpu" else "auto"
 
-    def build(out: Path, pdl: bool) -> float:
+    def build(out: Path) -> float:
         t = time.perf_counter()
         build_engine(
             work / "ckpt",
@@ -333,29 +376,15 @@ def main() -> None:
                 "max_seq_len": args.max_seq_len,
                 "max_num_tokens": 8192,
                 "tokens_per_block": 32,
-                "pdl": pdl,
             },
         )
         return time.perf_counter() - t
 
-    result["build_s"] = build(work / "engine", False)
+    result["build_s"] = build(work / "engine")  # PDL: the default (on for sm_90+)
     result["build_phases_s"] = read_engine_config(work / "engine").extra["build_seconds"]
     ours = ingot_measure(work / "engine", device, shape["vocab_size"], args)
     result["ingot"] = ours
     shutil.rmtree(work / "engine")  # NOTE: 16 GB on the GPU machine's 64 GB disk
-    if args.pdl_too:
-        # the same engine with programmatic dependent launch (no profile: its figures only)
-        gc.collect()
-        torch.cuda.empty_cache()
-        try:  # NOTE: a failure here must not cost the figures above
-            build_s = build(work / "engine-pdl", True)
-            pdl_args = argparse.Namespace(**{**vars(args), "profile": False})
-            pdl = ingot_measure(work / "engine-pdl", device, shape["vocab_size"], pdl_args)
-            keys = ("decode_b1_tok_s", "ttft_ms", f"throughput_b{args.batch}_out_tok_s")
-            result["ingot_pdl"] = {"build_s": build_s} | {k: pdl[k] for k in keys}
-        except Exception as e:  # noqa: BLE001 - reported in the JSON
-            result["ingot_pdl"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-        shutil.rmtree(work / "engine-pdl", ignore_errors=True)
     shutil.rmtree(work / "ckpt")
     bw = result["bandwidth_bytes_s"]
     if bw:

@@ -8,9 +8,11 @@
 #   tests-kernels / tests-e2e   the kernel tests / the engine tests alone, when one call
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
-#   bench    Llama-3.1-8B-shaped engine vs transformers eager, and with --pdl (bench_engine.json) ~5 min
+#   bench    Llama-3.1-8B-shaped engine vs transformers eager, batch-1 variants A/B (bench_engine.json) ~4 min
 #   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json), and the W4A16
 #            GEMM path at 128 and 2,048 rows (bench_w4a16_prefill.json)                  ~1 min
+#   attn     prefill attention at 2,048 tokens, every tactic and wider ones; batch-1 decode
+#            attention at 256 keys (bench_prefill_attention.json)                         ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
@@ -63,16 +65,20 @@ for stage in "${@:-tests}"; do
         > "$OUT/bench_w4a16_prefill.log" 2>&1 || rc=1
       tail -6 "$OUT/bench_w4a16.log"; tail -9 "$OUT/bench_w4a16_prefill.log" ;;
     bench)
-      # BENCH_ARGS: extra flags (default: also measure the engine built with --pdl)
+      # BENCH_ARGS: extra flags (default: batch-1 decode variants alternated, bench_engine.py)
       # clocks.csv: SM clock, power and temperature every 200 ms (TTFT varies with them)
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
         -lms 200 > "$OUT/clocks.csv" 2>/dev/null & smi=$!
       timeout "${BENCH_TIMEOUT:-540}" python3 scripts/bench_engine.py --profile \
         --out "$OUT/bench_engine.json" --work /tmp/ingot-bench --decode-tokens 128 \
-        ${BENCH_ARGS---pdl-too} \
+        ${BENCH_ARGS---ab-rounds 3} \
         > "$OUT/bench_engine.log" 2>&1 || rc=1
       kill $smi 2>/dev/null
       tail -45 "$OUT/bench_engine.log" ;;
+    attn)
+      timeout 150 python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
+        > "$OUT/bench_prefill_attention.log" 2>&1 || rc=1
+      tail -24 "$OUT/bench_prefill_attention.log" ;;
     batch)
       timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1

@@ -79,3 +79,87 @@ def _same_layout_copy(v_cache: torch.Tensor) -> torch.Tensor:
     from ingot.plugins.attention.layout import to_v_layout
 
     return to_v_layout(v_cache, transposed=True)
+
+
+def qkv_rope_fused_vs_unfused(
+    tactic, T, heads, kv_heads, hd, kv_dtype, bias=False, exact=True, dtype=torch.bfloat16,
+    device="cpu", K=192,
+):  # fmt: skip
+    """The QKV GEMV with RoPE + KV write in its epilogue against the GEMV then the RoPE + KV
+    write kernel (same tactic), and against the CPU reference within bf16 tolerance: q, the
+    K/V caches (slots written, a padding slot -1 skipped, all else untouched). exact: the
+    same bits (the interpreter; on the GPU the compiler may contract differently)."""
+    from ingot.plugins.attention.layout import v_like
+    from ingot.plugins.gemm import qkv_rope
+    from ingot.plugins.gemm import reference as gemm_ref
+    from ingot.plugins.rope import reference as rope_ref
+
+    gen = torch.Generator().manual_seed(T * 7 + hd + K)
+    bs, n_pos = 16, 300
+    N = (heads + 2 * kv_heads) * hd
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+    x, w = rnd(T, K), rnd(N, K, scale=K**-0.5)
+    b = rnd(N) if bias else None
+    freqs = rope_ref.inv_freq(hd, 10000.0)
+    cos, sin = (t.to(device) for t in rope_ref.cos_sin_cache(freqs, n_pos))
+    pos = torch.randint(0, n_pos, (T,), generator=gen, dtype=torch.int32).to(device)
+    # NOTE: not the last slot, where the reference's write of a slot -1 lands
+    slots = torch.randperm(4 * bs - 1, generator=gen)[:T].to(torch.int32).to(device)
+    if T > 1:
+        slots[1] = -1  # a padding token: nothing written
+    scales = {}
+    if kv_dtype == torch.float8_e4m3fn:
+        one = torch.tensor(0.05, device=device)
+        scales = {"k_scale": one, "v_scale": one * 0.5}
+
+    def caches():
+        k = torch.full((4, bs, kv_heads, hd), 0.25, device=device).to(kv_dtype)
+        v = v_like(k)
+        v.fill_(0.5)
+        return k, v
+
+    runs = {}
+    for name, fn in (
+        ("fused", qkv_rope.make_qkv_rope_linear(tactic)),
+        ("reference", gemm_ref.make_qkv_rope_linear(None)),
+    ):
+        kc, vc = caches()
+        q = fn(x, w, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales)
+        runs[name] = (q, kc, vc)
+    assert qkv_rope.fusable(x, w, b, heads, kv_heads, tactic.as_dict())
+    # unfused: the GEMV of the same tactic, then the RoPE + KV write kernel
+    from ingot.plugins.gemm.cuda import make_linear
+    from ingot.plugins.rope.triton_kernels import make_rope_write_kv
+
+    kc, vc = caches()
+    qkv = make_linear(tactic)(x, w, b)
+    qs, ks, vs = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+    q = make_rope_write_kv(None)(
+        qs.reshape(T, heads, hd), ks.reshape(T, kv_heads, hd), vs.reshape(T, kv_heads, hd),
+        pos, cos, sin, kc, vc, slots, **scales,
+    )  # fmt: skip
+    runs["unfused"] = (q, kc, vc)
+    fq, fk, fv = runs["fused"]
+    uq, uk, uv = runs["unfused"]
+    if exact:
+        assert torch.equal(fq, uq), (fq.float() - uq.float()).abs().max()
+        for a, b in ((fk, uk), (fv, uv)):
+            assert same_bits(a, b) if a.dtype == torch.float8_e4m3fn else torch.equal(a, b)
+    else:  # the same sums; the rotation's rounding may differ by an ulp
+        assert rel_err(fq.float(), uq.float()) < 5e-3
+        for a, b in ((fk, uk), (fv, uv)):
+            assert rel_err(a.float(), b.float()) < 2e-2
+    rq, rk, rv = runs["reference"]
+    assert rel_err(fq.float(), rq.float()) < 2e-2
+    written = slots[slots >= 0].long()
+    for got, want, fill in ((fk, rk, 0.25), (fv, rv, 0.5)):
+        g, r = got.float(), want.float()
+        assert rel_err(g[written // bs, written % bs], r[written // bs, written % bs]) < 6e-2
+        untouched = torch.ones(4 * bs, dtype=torch.bool, device=device)
+        untouched[written] = False
+        gu = g.reshape(4 * bs, -1)[untouched]
+        assert torch.equal(gu, torch.full_like(gu, fill))
+    return runs

@@ -142,8 +142,10 @@ def test_future_format_version_is_refused(engine, tmp_path):
     )
 
 
-@pytest.mark.parametrize("pdl", [False, True])
-def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, pdl):
+# the flag given (None: neither flag; the preset sets none) -> PDL in the engine: on by
+# default for an sm_90 target
+@pytest.mark.parametrize("flag,pdl", [(None, True), ("--no-pdl", False), ("--pdl", True)])
+def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, flag, pdl):
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
     e = tmp_path / "gpu-engine"
     r = invoke(
@@ -156,7 +158,7 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, pdl):
         "sm_90",
         "--config",
         "tiny-llama",
-        *(["--pdl"] if pdl else []),
+        *([flag] if flag else []),
     )
     assert r.exit_code == 0, r.output
     d = json.loads((e / "config.json").read_text())
@@ -419,3 +421,33 @@ def test_host_allocator_failure_is_one_line(engine, monkeypatch):
     monkeypatch.setattr(llm_mod, "Executor", boom)
     r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2")
     assert_one_line_error(r, "out of host memory", "can't allocate memory")
+
+
+def test_pdl_default_follows_target_and_quantization():
+    from ingot.compiler.build import resolve_build_config
+    from ingot.runtime.config import QuantConfig
+
+    plain, fp8 = QuantConfig(), QuantConfig(mode="fp8", kv_cache_dtype="fp8")
+    assert resolve_build_config(None, {"target": "sm_90"}, quant=plain).pdl
+    assert not resolve_build_config(None, {"target": "sm_80"}, quant=plain).pdl
+    assert not resolve_build_config(None, {"target": "cpu"}, quant=plain).pdl
+    assert not resolve_build_config(None, {"target": "sm_90"}, quant=fp8).pdl
+    kv_only = QuantConfig(kv_cache_dtype="fp8")
+    assert not resolve_build_config(None, {"target": "sm_90"}, quant=kv_only).pdl
+    # an explicit choice wins either way
+    assert resolve_build_config(None, {"target": "sm_90", "pdl": True}, quant=fp8).pdl
+    assert not resolve_build_config(None, {"target": "sm_90", "pdl": False}, quant=plain).pdl
+
+
+def test_pdl_with_fp8_is_refused_with_one_line():
+    from ingot.compiler.build import check_pdl_quant
+    from ingot.runtime.config import BuildConfig, QuantConfig
+    from ingot.runtime.errors import ConfigError
+
+    pdl = BuildConfig(target="sm_90", pdl=True)
+    check_pdl_quant(pdl, QuantConfig())  # unquantized: fine
+    check_pdl_quant(pdl, QuantConfig(mode="int4_awq"))  # INT4 engines passed with it
+    for q in (QuantConfig(mode="fp8"), QuantConfig(kv_cache_dtype="fp8")):
+        with pytest.raises(ConfigError, match="not supported yet"):
+            check_pdl_quant(pdl, q)
+        check_pdl_quant(BuildConfig(target="sm_90"), q)

@@ -156,3 +156,17 @@ def test_swiglu_fused_into_down_gemv(tactic, T):
     assert rel_err(out, swiglu_linear(gate_up.float(), w.float())) < TOL
     unfused = gemm_cuda.make_linear(tactic)(make_swiglu(None)(gate_up), w)
     assert torch.equal(out, unfused)
+
+
+@pytest.mark.parametrize("tactic", GEMV, ids=IDS)
+@pytest.mark.parametrize("kv_dtype", [BF16, torch.float8_e4m3fn], ids=["bf16_kv", "fp8_kv"])
+def test_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
+    """The QKV GEMV with RoPE + KV write in its epilogue (plugins/gemm/qkv_rope.py) against
+    the GEMV then the RoPE kernel and the CPU reference: Llama-3.1-8B heads, K = 4,096, with
+    bias (Qwen2) and without, every row count the tactic fuses."""
+    from kernel_checks import qkv_rope_fused_vs_unfused
+
+    for T in range(1, tactic.as_dict()["max_m"] + 1):
+        qkv_rope_fused_vs_unfused(
+            tactic, T, 32, 8, 128, kv_dtype, bias=T % 2 == 0, exact=False, device=DEV, K=4096
+        )

@@ -14,9 +14,12 @@ from ingot.compiler.checkpoint import expected_tensor_shapes  # noqa: E402
 from ingot.compiler.kernel_bundle import engine_launches  # noqa: E402
 from ingot.compiler.tactic_select import default_choices  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
+from ingot.plugins.gemm import cuda as gemm_cuda  # noqa: E402
+from ingot.plugins.gemm import qkv_rope  # noqa: E402
 from ingot.runtime.config import BuildConfig, QuantConfig  # noqa: E402
 from ingot.runtime.cuda_graphs import batch_buckets  # noqa: E402
 from ingot.runtime.errors import ConfigError  # noqa: E402
+from ingot.runtime.model import PDL_MAX_ROWS  # noqa: E402
 
 
 def _constexpr(spec, fn, name: str):
@@ -36,6 +39,11 @@ def test_dry_run_records_every_decode_split_plan():
     specs = _launches(b)
     names = {s.fn.rsplit(":", 1)[-1] for s in specs}
     assert {"_decode_kernel", "_prefill_kernel"} <= names
+    # batch-1 decode: the QKV GEMV with RoPE + KV write in its epilogue, no separate RoPE
+    # launch at one row; larger steps (prefill, batch > max_m) the GEMM then the RoPE kernel
+    assert {"_qkv_rope_kernel", "_rope_kernel"} <= names
+    fused = [s for s in specs if s.fn.endswith(":_qkv_rope_kernel")]
+    assert {_constexpr(s, qkv_rope._qkv_rope_kernel, "BLOCK_M") for s in fused} == {1}
     fn = dec._decode_kernel
     recorded = {_constexpr(s, fn, "SPLIT") for s in specs if s.fn.endswith(":_decode_kernel")}
     # what the decode graphs launch, bucket by bucket (the engine's default decode tactic)
@@ -57,9 +65,19 @@ def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
     plain = _launches(BuildConfig(target="sm_90", **small))
     specs = _launches(BuildConfig(target="sm_90", pdl=True, **small))
     assert all(dict(s.options).get("launch_pdl") is None for s in plain)
-    # every Triton kernel of the forward pass, and only PDL variants
+    # every Triton kernel of the forward pass; PDL variants in decode batches of up to
+    # PDL_MAX_ROWS tokens (the GEMVs' row count), the plain ones beside cuBLAS GEMMs
     assert {s.fn for s in specs} == {s.fn for s in plain}
-    assert all(dict(s.options).get("launch_pdl") is True for s in specs)
+    with_pdl = [s for s in specs if dict(s.options).get("launch_pdl") is True]
+    without = {s for s in specs if dict(s.options).get("launch_pdl") is None}
+    assert len(with_pdl) + len(without) == len(specs) and without <= set(plain)
+    gemv_rows = {_constexpr(s, gemm_cuda._gemv_kernel, "BLOCK_M") for s in with_pdl
+                 if s.fn.endswith(":_gemv_kernel")}  # fmt: skip
+    assert gemv_rows and max(gemv_rows) <= PDL_MAX_ROWS
+    assert {"_gemv_kernel", "_qkv_rope_kernel", "_decode_kernel", "_rms_norm_kernel"} <= {
+        s.fn.rsplit(":", 1)[-1] for s in with_pdl
+    }
+    assert any(s.fn.endswith(":_prefill_kernel") for s in without)
     # they compile for sm_90 with the grid-dependency wait and trigger in their code
     gemv = next(s for s in specs if s.fn.endswith(":_gemv_kernel"))
     target = aot.parse_target("sm_90")

@@ -12,24 +12,14 @@ multiplies raw bits (numpy), so dot paths are checked in fp16/fp32 here and in b
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
+from interp_rerun import rerun_with_interpreter
 
 if os.environ.get("TRITON_INTERPRET") != "1":
 
     def test_quant_kernels_in_the_triton_interpreter():
-        pytest.importorskip("triton")
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        r = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+        rerun_with_interpreter(__file__)
 
 else:
     import torch

@@ -124,6 +124,57 @@ def _gemv_fma(
 
 
 @triton.jit
+def gemv_acc(
+    x_ptr,
+    w_ptr,
+    rn_c,
+    T,
+    K,
+    sxm,
+    swn,
+    sx,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    VEC: tl.constexpr,
+    STAGES: tl.constexpr,
+    UNROLL: tl.constexpr,
+    GATED: tl.constexpr,
+    PDL: tl.constexpr,
+    QUANT_X: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] fp32 sums of x's first T rows (rows past T re-read row 0) times the
+    weight rows rn_c (every index valid), over K: the loop of `_gemv_kernel`, shared with the
+    kernels that put their own epilogue after it (plugins/gemm/qkv_rope.py)."""
+    rm = tl.arange(0, BLOCK_M)
+    rm_c = tl.where(rm < T, rm, 0)  # rows of x past T re-read row 0; masked at the store
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rn_c.to(tl.int64)[:, None] * swn + rk[None, :]
+    x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
+    k_full = (K // BLOCK_K) * BLOCK_K
+    START: tl.constexpr = BLOCK_K if PDL else 0  # where the loop begins
+    if PDL:
+        # chunk 0 (masked: K may be shorter than BLOCK_K), loaded before the wait
+        w0 = _load_w(w_ptrs, 0, K, True, BLOCK_K)
+        pdl_begin(PDL)
+        acc = _gemv_fma(
+            acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
+    for k0 in tl.range(START, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        wt = _load_w(w_ptrs, k0, K, False, BLOCK_K)
+        acc = _gemv_fma(
+            acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
+    if k_full < K and k_full >= START:  # the tail, unless chunk 0 was all of K
+        wt = _load_w(w_ptrs, k_full, K, True, BLOCK_K)
+        acc = _gemv_fma(
+            acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
+        )
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -165,42 +216,19 @@ def _gemv_kernel(
     trip overlaps the predecessor's tail instead of following it.
     """
     K = K_v * VEC
-    sxm = sxm_v * VEC
-    swn = swn_v * VEC
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = rn < N
     rn_c = tl.where(nm, rn, 0)  # out-of-range rows re-read row 0; masked at the store
     rm = tl.arange(0, BLOCK_M)
     mm = rm < T
-    rm_c = tl.where(mm, rm, 0)  # rows of x past T re-read row 0; masked at the store
-    rk = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rn_c.to(tl.int64)[:, None] * swn + rk[None, :]
-    x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
     sx = 1.0
     if SCALED:
         sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it; the epilogue rescales by it
-    k_full = (K // BLOCK_K) * BLOCK_K
-    START: tl.constexpr = BLOCK_K if PDL else 0  # where the loop begins
-    if PDL:
-        # chunk 0 (masked: K may be shorter than BLOCK_K), loaded before the wait
-        w0 = _load_w(w_ptrs, 0, K, True, BLOCK_K)
-        pdl_begin(PDL)
-        acc = _gemv_fma(
-            acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
-    for k0 in tl.range(START, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        wt = _load_w(w_ptrs, k0, K, False, BLOCK_K)
-        acc = _gemv_fma(
-            acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
-    if k_full < K and k_full >= START:  # the tail, unless chunk 0 was all of K
-        wt = _load_w(w_ptrs, k_full, K, True, BLOCK_K)
-        acc = _gemv_fma(
-            acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
-    y = tl.sum(acc, axis=2)
+    y = gemv_acc(
+        x_ptr, w_ptr, rn_c, T, K, sxm_v * VEC, swn_v * VEC, sx,
+        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, GATED, PDL, QUANT_X,
+    )  # fmt: skip
     if SCALED:
         y = y * (sx * tl.load(sw_ptr))
     if HAS_BIAS:

@@ -34,3 +34,40 @@ def make_linear(tactic=None):
 
 def make_embedding(tactic=None):
     return embedding
+
+
+def qkv_rope_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The QKV projection, then RoPE and the KV-cache write (`rope.reference.rope_write_kv`):
+    x [T, K], weight [(Hq + 2 Hkv) hd, K] -> the rotated q [T, Hq, hd]; k and v go into the
+    caches at slot_mapping."""
+    from ingot.plugins.rope.reference import rope_write_kv
+
+    T = x.shape[0]
+    hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+    q, k, v = linear(x, weight, bias).split(
+        [num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1
+    )
+    return rope_write_kv(
+        q.reshape(T, num_heads, hd), k.reshape(T, num_kv_heads, hd),
+        v.reshape(T, num_kv_heads, hd), positions, cos, sin, k_cache, v_cache, slot_mapping,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+def make_qkv_rope_linear(tactic=None):
+    return qkv_rope_linear

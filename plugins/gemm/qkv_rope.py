@@ -1,0 +1,233 @@
+"""The QKV projection with RoPE and the KV-cache write in its epilogue (decode-sized batches).
+
+At batch 1 a decode layer ran the QKV GEMV, then the RoPE + KV-write kernel (2.2 us of GPU
+time per layer on the H200, 71 us per step), then attention. Here the GEMV's programs own
+weight rows in RoPE pairs instead of consecutive rows: a program of BLOCK_N rows takes dims
+j .. j + BLOCK_N/2 - 1 of one head and the same dims + head_dim/2 (rotate-half pairs them),
+so its epilogue holds both halves of every pair it rotates. q heads are rotated into q_out,
+k heads rotated into the paged K cache, v heads stored into the V cache; the [T, qkv] tensor
+the unfused path writes and the RoPE kernel reads back is never written.
+
+Bits: the sum is rounded to the model dtype first (the GEMM's output), then rotated in fp32
+with the same cos/sin rows and quantized (an FP8 cache) exactly as `_rope_kernel` does, so the
+result equals the GEMV then the RoPE kernel. Batches past the tactic's max_m, non-pair-aligned
+head dims, cuBLAS tactics and FP8 weights take the unfused path (the same two plugins).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention.layout import check_kv_layout
+from ..pdl import launch_options
+from ..quant.triton_quantize import quant_fp8
+from ..registry import Tactic
+from ..rope.triton_kernels import make_rope_write_kv
+from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, make_linear
+
+# the GEMV tactics (the first is the cross-build default, as for the gemm plugin); the builder
+# takes the one it timed fastest for the attn.qkv GEMM (the epilogue is a few stores)
+QKV_ROPE_TACTICS: tuple[Tactic, ...] = tuple(
+    t for t in GEMM_TACTICS if t.as_dict().get("max_m", 0) > 0
+)
+
+
+@triton.jit
+def _store_cache(ptr, y, slot, hkv, d, s_slot_blk, s_tok, s_h, s_d, scale, ok,
+                 BS: tl.constexpr, KV_FP8: tl.constexpr, dt: tl.constexpr):  # fmt: skip
+    """y [BLOCK_M, HB] (fp32, already rounded to dt) at dims d of kv head hkv, token slots
+    `slot` [BLOCK_M] (rows where `ok`); strides: block, token in block, head, dim."""
+    dst = (slot // BS)[:, None] * s_slot_blk + (slot % BS)[:, None] * s_tok + hkv * s_h
+    ptrs = ptr + dst + d[None, :] * s_d
+    if KV_FP8:
+        tl.store(ptrs, quant_fp8(y.to(dt).to(tl.float32), scale), mask=ok[:, None])
+    else:
+        tl.store(ptrs, y.to(ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _qkv_rope_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
+    ks_ptr,
+    vs_ptr,
+    T,
+    K_v,
+    sxm_v,
+    swn_v,
+    sqt,
+    sqh,
+    s_cos,
+    sk_blk,
+    sk_tok,
+    sk_h,
+    sv_blk,
+    sv_tok,
+    sv_h,
+    sv_d,
+    HQ,
+    HKV,
+    HALF: tl.constexpr,
+    BS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    VEC: tl.constexpr,
+    STAGES: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Grid: (HQ + 2 HKV) heads x HALF / (BLOCK_N / 2) programs; every row index is valid."""
+    HB: tl.constexpr = BLOCK_N // 2
+    PER_HEAD: tl.constexpr = HALF // HB
+    pid = tl.program_id(0)
+    h = pid // PER_HEAD
+    j0 = (pid % PER_HEAD) * HB
+    i = tl.arange(0, BLOCK_N)
+    rn = h * (2 * HALF) + j0 + i % HB + (i // HB) * HALF  # dims j0.. then j0 + HALF..
+    rm = tl.arange(0, BLOCK_M)
+    mm = rm < T
+    rm_c = tl.where(mm, rm, 0)
+    d = j0 + tl.arange(0, HB)
+    # What the epilogue reads is loaded before the weight stream, which hides its latency
+    # (after the loop, two dependent round trips cost ~1.2 us per call on the H200). PDL: these
+    # are step inputs, copied before the step's first kernel; a PDL kernel runs code before
+    # its wait only once the kernel before it has passed its own wait, i.e. when everything two
+    # launches back (here at least the embedding lookup) has completed.
+    p = tl.load(pos_ptr + rm_c).to(tl.int64)[:, None] * s_cos
+    c1 = tl.load(cos_ptr + p + d[None, :])
+    c2 = tl.load(cos_ptr + p + HALF + d[None, :])
+    s1 = tl.load(sin_ptr + p + d[None, :])
+    s2 = tl.load(sin_ptr + p + HALF + d[None, :])
+    slot = tl.load(slot_ptr + rm_c).to(tl.int64)
+    ok = mm & (slot >= 0)
+    ks = 1.0
+    vs = 1.0
+    if KV_FP8:
+        ks = tl.load(ks_ptr)
+        vs = tl.load(vs_ptr)
+    y = gemv_acc(
+        x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, 1.0,
+        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, False,
+    )  # fmt: skip
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+    dt = x_ptr.dtype.element_ty
+    y = y.to(dt).to(tl.float32)  # the GEMM's output, as the RoPE kernel would read it
+    x1, x2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HB]), (0, 2, 1)))
+    if h < HQ + HKV:  # q or k: rotate
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+        if h < HQ:
+            qp = q_ptr + rm[:, None] * sqt + h * sqh + d[None, :]
+            tl.store(qp, y1.to(q_ptr.dtype.element_ty), mask=mm[:, None])
+            tl.store(qp + HALF, y2.to(q_ptr.dtype.element_ty), mask=mm[:, None])
+        else:
+            hk = h - HQ
+            _store_cache(kc_ptr, y1, slot, hk, d, sk_blk, sk_tok, sk_h, 1, ks, ok, BS, KV_FP8, dt)
+            _store_cache(kc_ptr, y2, slot, hk, d + HALF, sk_blk, sk_tok, sk_h, 1, ks, ok, BS,
+                         KV_FP8, dt)  # fmt: skip
+    else:  # v: stored as computed, in the V cache's own layout (FP8 pools transpose it)
+        hv = h - HQ - HKV
+        _store_cache(vc_ptr, x1, slot, hv, d, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS, KV_FP8, dt)
+        _store_cache(vc_ptr, x2, slot, hv, d + HALF, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS,
+                     KV_FP8, dt)  # fmt: skip
+
+
+def fusable(x, weight, bias, num_heads, num_kv_heads, params) -> bool:
+    """Whether the fused kernel takes this call (else the GEMM then the RoPE + KV write)."""
+    max_m = int(params.get("max_m", 0))
+    heads = num_heads + 2 * num_kv_heads
+    if not max_m or weight.shape[0] % heads or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    half = weight.shape[0] // heads // 2
+    hb = int(params["block_n"]) // 2
+    return (
+        weight.dtype == x.dtype
+        and hb > 0
+        and half % hb == 0
+        and gemv_ok(x, weight, bias, None, max_m)
+    )
+
+
+def make_qkv_rope_linear(tactic: Tactic | None = None):
+    params = (tactic or QKV_ROPE_TACTICS[0]).as_dict()
+    linear = make_linear(tactic or QKV_ROPE_TACTICS[0])
+    rope_write_kv = make_rope_write_kv(None)
+
+    def qkv_rope_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`reference.qkv_rope_linear`'s contract: x [T, K] -> the rotated q [T, Hq, hd]; the
+        rotated k and v are written into the caches at slot_mapping (slots < 0 skipped)."""
+        T = x.shape[0]
+        hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+        if not fusable(x, weight, bias, num_heads, num_kv_heads, params):
+            qkv = linear(x, weight, bias)
+            q, k, v = qkv.split([num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1)
+            q, k = q.view(T, num_heads, hd), k.view(T, num_kv_heads, hd)
+            return rope_write_kv(
+                q, k, v.view(T, num_kv_heads, hd), positions, cos, sin, k_cache, v_cache,
+                slot_mapping, k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+        if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+            raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")
+        check_kv_layout(k_cache, v_cache, "qkv_rope")
+        q = torch.empty((T, num_heads, hd), dtype=x.dtype, device=x.device)
+        if T == 0:
+            return q
+        vec = 16 // weight.element_size()
+        bn = int(params["block_n"])
+        fp8 = k_scale is not None and v_scale is not None
+        grid = ((num_heads + 2 * num_kv_heads) * (hd // bn),)
+        _qkv_rope_kernel[grid](
+            x, weight, bias if bias is not None else weight, positions, cos, sin, q,
+            k_cache, v_cache, slot_mapping,
+            k_scale if fp8 else None, v_scale if fp8 else None,
+            T, weight.shape[1] // vec, x.stride(0) // vec, weight.stride(0) // vec,
+            q.stride(0), q.stride(1), cos.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            *v_cache.stride(),
+            num_heads, num_kv_heads,
+            HALF=hd // 2,
+            BS=k_cache.shape[1],
+            HAS_BIAS=bias is not None,
+            KV_FP8=fp8,
+            BLOCK_M=triton.next_power_of_2(T),
+            BLOCK_N=bn,
+            BLOCK_K=int(params["block_k"]),
+            VEC=vec,
+            STAGES=int(params.get("num_stages", 1)),
+            UNROLL=int(params.get("unroll", 1)),
+            num_warps=int(params["num_warps"]),
+            num_stages=1,
+            **launch_options(),
+        )  # fmt: skip
+        return q
+
+    return qkv_rope_linear
