@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +32,7 @@ from ingot.runtime.errors import ConfigError
 from ingot.runtime.timing import Lap
 
 from .atomic import atomic_output_dir
-from .checkpoint import TOKENIZER_DIR, load_checkpoint
+from .checkpoint import TOKENIZER_DIR, load_checkpoint, verify_rank_file
 from .kernel_bundle import build_kernel_bundle
 from .quantize.layout import repack_for_engine
 from .tactic_select import can_time_on, default_choices, timed_choices
@@ -268,6 +269,21 @@ def write_kernels(
     return {"triton_version": triton.__version__, "kernels": count}
 
 
+@contextlib.contextmanager
+def _verifying(ckpt_dir: Path) -> Iterator[Callable[[], None]]:
+    """The checkpoint's sha256 checked in a thread beside the build's other work (hashing runs
+    outside the GIL; 16 s of a 16 GB build's critical path otherwise); yields the wait, which
+    raises CheckpointError on a mismatch, before the engine is committed. Leaving early (an
+    error) stops the hashing."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingot-verify") as pool:
+        check = pool.submit(verify_rank_file, ckpt_dir, 0, stop)
+        try:
+            yield check.result
+        finally:
+            stop.set()
+
+
 def build_engine(
     checkpoint_dir: Path,
     output_dir: Path,
@@ -287,8 +303,11 @@ def build_engine(
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
     phases: dict[str, float] = {}  # seconds per phase, kept in the engine (extra.build_seconds)
     laps = Lap(phases, torch.device("cpu"))
-    with atomic_output_dir(Path(output_dir), force, "engine") as tmp:
-        meta, tensors = load_checkpoint(Path(checkpoint_dir))
+    with (
+        atomic_output_dir(Path(output_dir), force, "engine") as tmp,
+        _verifying(Path(checkpoint_dir)) as verified,
+    ):
+        meta, tensors = load_checkpoint(Path(checkpoint_dir), verify_hash=False)
         model: ModelConfig = meta["model"]
         report = meta.get("quant_report")
         check_max_kl(report, max_kl)
@@ -355,6 +374,8 @@ def build_engine(
         if src_tok.is_dir():
             shutil.copytree(src_tok, tmp / TOKENIZER_DIR)
         laps("tokenizer")
+        verified()  # raises CheckpointError on a mismatch
+        laps("checkpoint_verify_wait")
         extra["build_seconds"] = {k: round(v, 3) for k, v in phases.items()}
         cfg = EngineConfig(
             model=model,

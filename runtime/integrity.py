@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,17 +46,21 @@ class ChunkedSha256:
         return self.whole.hexdigest(), list(self.chunks)
 
 
-def sha256_file(path: Path) -> str:
-    """The whole file's sha256 (one pass, one core)."""
-    return _chunk_digest(path, 0, Path(path).stat().st_size)
+def sha256_file(path: Path, stop: threading.Event | None = None) -> str | None:
+    """The whole file's sha256 (one pass, one core); None if `stop` was set meanwhile."""
+    return _chunk_digest(path, 0, Path(path).stat().st_size, stop)
 
 
-def _chunk_digest(path: Path, offset: int, size: int) -> str:
+def _chunk_digest(
+    path: Path, offset: int, size: int, stop: threading.Event | None = None
+) -> str | None:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         f.seek(offset)
         left = size
         while left:
+            if stop is not None and stop.is_set():
+                return None
             block = f.read(min(left, 1 << 24))
             if not block:
                 break

@@ -70,6 +70,7 @@ def test_build_records_everything_and_inspect_verifies(engine):
     phases = d["extra"]["build_seconds"]  # where a build's time went, phase by phase
     assert list(phases) == [
         "checkpoint", "weights", "tactics", "kernels", "rank_files_wait", "tokenizer",
+        "checkpoint_verify_wait",  # its sha256, checked beside the phases before
     ]  # fmt: skip
     assert all(v >= 0 for v in phases.values())
     r = invoke("inspect-engine", engine)
@@ -421,6 +422,35 @@ def test_host_allocator_failure_is_one_line(engine, monkeypatch):
     monkeypatch.setattr(llm_mod, "Executor", boom)
     r = invoke("run-engine", "--engine-dir", engine, "--input-text", "x", "--max-output-len", "2")
     assert_one_line_error(r, "out of host memory", "can't allocate memory")
+
+
+def test_corrupt_checkpoint_fails_the_build_with_one_line(ckpt, tmp_path):
+    """The checkpoint's sha256 is checked beside the build's work (compiler/build.py:
+    _verifying); a mismatch still fails it, with no engine left behind."""
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ckpt, bad)
+    data = bytearray((bad / "rank0.safetensors").read_bytes())
+    data[-3] ^= 0xFF  # a weight byte (the end of the file), not the header
+    (bad / "rank0.safetensors").write_bytes(bytes(data))
+    r = invoke(
+        "build-engine", "--checkpoint-dir", bad, "--output-dir", tmp_path / "e",
+        "--target", "cpu", "--config", "tiny-llama",
+    )  # fmt: skip
+    assert_one_line_error(r, "does not match the sha256")
+    assert not (tmp_path / "e").exists()
+
+
+def test_sha256_stops_when_asked(tmp_path):
+    import threading
+
+    from ingot.runtime.integrity import sha256_file
+
+    f = tmp_path / "blob"
+    f.write_bytes(b"x" * 1000)
+    stop = threading.Event()
+    assert sha256_file(f, stop) is not None
+    stop.set()
+    assert sha256_file(f, stop) is None
 
 
 def test_pdl_default_follows_target_and_quantization():
