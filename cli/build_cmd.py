@@ -53,8 +53,8 @@ def build_engine_cmd(
         "--pdl/--no-pdl",
         help="Programmatic dependent launch between the Triton kernels of small decode batches "
         "(up to 8 tokens; sm_90+): each may start while the one before it finishes. On an H200 "
-        "(Llama-3.1-8B shapes) batch-1 decode ran 2.0% faster, measured against it in one process "
-        "(docs/performance.md). Larger batches and prefills run without it. [preset, else on "
+        "(Llama-3.1-8B shapes) batch-1 decode ran +1.9%, +2.0% and -0.7% against it in one "
+        "process (docs/performance.md). Larger batches and prefills run without it. [preset, else on "
         "for unquantized engines on sm_90+ targets]",
     ),
     force: bool = typer.Option(

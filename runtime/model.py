@@ -267,8 +267,9 @@ class Decoder:
     def uses_pdl(self, rows: int) -> bool:
         """Whether a pass over `rows` tokens launches the PDL kernel variants: in PDL engines,
         small decode batches only. Those chain ~290 short GEMV-bound kernels (H200, batch 1,
-        in one process: 249.5 vs 244.8 tok/s); larger passes run cuBLAS GEMMs, which never
-        signal early, and measured 0.3-1.6% slower with PDL at batch 64 (docs/performance.md)."""
+        in one process: +1.9%, +2.0% and -0.7% in three calls); larger passes run cuBLAS
+        GEMMs, which never signal early, and measured 0.3-1.6% slower with PDL at batch 64
+        (docs/performance.md)."""
         return self.ops.pdl and rows <= PDL_MAX_ROWS
 
     def _forward(
