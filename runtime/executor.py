@@ -97,8 +97,9 @@ class Executor:
         kv_dtype = torch.float8_e4m3fn if cfg.quant.kv_cache_dtype == "fp8" else self.dtype
         if num_kv_blocks is None:
             num_kv_blocks = default_num_kv_blocks(
-                cfg.model, b, kv_dtype, self.device, kv_cache_free_gpu_memory_fraction, tp=tp
-            )
+                cfg.model, b, kv_dtype, self.device, kv_cache_free_gpu_memory_fraction, tp=tp,
+                prefill_graphs=cuda_graphs and comm is None,
+            )  # fmt: skip
         if comm is not None:
             # NOTE: every rank's pool must hold each block id rank 0's scheduler hands out.
             num_kv_blocks = comm.min_int(num_kv_blocks)

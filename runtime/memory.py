@@ -34,12 +34,16 @@ def token_activation_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype) ->
     return tokens * per_token * elem
 
 
-def activation_bytes(cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype) -> int:
-    """Upper bound of one step's live activations at max_num_tokens (plus float32 logits), and
-    of the captured prefill graphs' memory pool (their largest bucket, runtime/cuda_graphs.py),
-    which eager steps cannot reuse."""
+def activation_bytes(
+    cfg: ModelConfig, build: BuildConfig, dtype: torch.dtype, prefill_graphs: bool = True
+) -> int:
+    """Upper bound of one step's live activations at max_num_tokens (plus float32 logits), and,
+    when the executor captures prefill graphs (`prefill_graphs`), of their memory pool (their
+    largest bucket, runtime/cuda_graphs.py), which eager steps cannot reuse."""
     logits = build.max_batch_size * cfg.vocab_size * 4
-    graphs = token_activation_bytes(cfg, min(PREFILL_GRAPH_TOKENS, build.max_num_tokens), dtype)
+    graphs = 0
+    if prefill_graphs:
+        graphs = token_activation_bytes(cfg, min(PREFILL_GRAPH_TOKENS, build.max_num_tokens), dtype)
     return token_activation_bytes(cfg, build.max_num_tokens, dtype) + 2 * logits + graphs
 
 
@@ -50,12 +54,15 @@ def num_kv_blocks(
     device: torch.device,
     free_gpu_memory_fraction: float = 0.9,
     tp: int = 1,
+    prefill_graphs: bool = True,
 ) -> int:
     """KV pool size. CPU: enough for max_batch_size full sequences, within a fixed budget.
     GPU: `free_gpu_memory_fraction` of the memory left after weights and one step's
     activations (call after the weights are on the device), up to twice what max_batch_size
     full sequences need (the rest of that headroom keeps finished prefixes for reuse).
-    tp: sized for one rank's shard of the pool (the ranks then agree on the smallest)."""
+    tp: sized for one rank's shard of the pool (the ranks then agree on the smallest).
+    prefill_graphs: the executor captures prefill graphs (tp 1 with CUDA graphs on), whose pool
+    is reserved before the KV pool."""
     # NOTE: checked on the CPU too, where it is unused: a wrong flag is refused everywhere
     if not 0.0 < free_gpu_memory_fraction <= 1.0:
         raise ConfigError(
@@ -70,7 +77,8 @@ def num_kv_blocks(
         )
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    budget = int((free - activation_bytes(cfg, build, dtype)) * free_gpu_memory_fraction)
+    act = activation_bytes(cfg, build, dtype, prefill_graphs)
+    budget = int((free - act) * free_gpu_memory_fraction)
     blocks = budget // per_block
     if blocks < blocks_per_seq:
         raise ConfigError(

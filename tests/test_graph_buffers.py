@@ -72,3 +72,17 @@ def test_step_inputs_round_trip_aligned_and_reuse_the_buffer():
         if step == 1:
             grown = inputs._host.numel()
     assert inputs._host.numel() == grown  # the smaller third step reused the buffer
+
+
+def test_prefill_graph_pool_is_reserved_only_when_graphs_are_captured():
+    from model_shapes import LLAMA_3_1_8B
+
+    from ingot.runtime.config import BuildConfig
+    from ingot.runtime.memory import activation_bytes, token_activation_bytes
+
+    m, bf16 = LLAMA_3_1_8B, torch.bfloat16
+    for tokens in (8192, 512):
+        b = BuildConfig(max_num_tokens=tokens, target="sm_90")
+        pool = token_activation_bytes(m, min(2048, tokens), bf16)
+        with_graphs = activation_bytes(m, b, bf16)
+        assert pool > 0 and activation_bytes(m, b, bf16, prefill_graphs=False) == with_graphs - pool
