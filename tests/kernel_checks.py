@@ -135,11 +135,9 @@ def qkv_rope_fused_vs_unfused(
     from ingot.plugins.rope.triton_kernels import make_rope_write_kv
 
     kc, vc = caches()
-    qkv = make_linear(tactic)(x, w, b)
-    qs, ks, vs = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
-    q = make_rope_write_kv(None)(
-        qs.reshape(T, heads, hd), ks.reshape(T, kv_heads, hd), vs.reshape(T, kv_heads, hd),
-        pos, cos, sin, kc, vc, slots, **scales,
+    q = gemm_ref.unfused_qkv_rope(
+        make_linear(tactic), make_rope_write_kv(None), x, w, b, pos, cos, sin, kc, vc, slots,
+        heads, kv_heads, **scales,
     )  # fmt: skip
     runs["unfused"] = (q, kc, vc)
     fq, fk, fv = runs["fused"]

@@ -26,6 +26,7 @@ from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
 from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, make_linear
+from .reference import unfused_qkv_rope
 
 # the GEMV tactics (the first is the cross-build default, as for the gemm plugin); the builder
 # takes the one it timed fastest for the attn.qkv GEMM (the epilogue is a few stores)
@@ -188,12 +189,9 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
         T = x.shape[0]
         hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
         if not fusable(x, weight, bias, num_heads, num_kv_heads, params):
-            qkv = linear(x, weight, bias)
-            q, k, v = qkv.split([num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1)
-            q, k = q.view(T, num_heads, hd), k.view(T, num_kv_heads, hd)
-            return rope_write_kv(
-                q, k, v.view(T, num_kv_heads, hd), positions, cos, sin, k_cache, v_cache,
-                slot_mapping, k_scale=k_scale, v_scale=v_scale,
+            return unfused_qkv_rope(
+                linear, rope_write_kv, x, weight, bias, positions, cos, sin, k_cache, v_cache,
+                slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         if cos.stride(-1) != 1 or sin.stride() != cos.stride():
             raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")

@@ -36,6 +36,25 @@ def make_embedding(tactic=None):
     return embedding
 
 
+def unfused_qkv_rope(
+    linear_fn, rope_write_kv_fn, x, weight, bias, positions, cos, sin, k_cache, v_cache,
+    slot_mapping, num_heads: int, num_kv_heads: int, *, k_scale=None, v_scale=None,
+) -> torch.Tensor:  # fmt: skip
+    """`qkv_rope_linear` as its two ops: linear_fn(x, weight, bias) -> [T, (Hq + 2 Hkv) hd],
+    split into heads, then rope_write_kv_fn (the references here; the GPU plugins for the fused
+    kernel's fallback and its tests)."""
+    T = x.shape[0]
+    hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+    q, k, v = linear_fn(x, weight, bias).split(
+        [num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1
+    )
+    return rope_write_kv_fn(
+        q.reshape(T, num_heads, hd), k.reshape(T, num_kv_heads, hd),
+        v.reshape(T, num_kv_heads, hd), positions, cos, sin, k_cache, v_cache, slot_mapping,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
 def qkv_rope_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -57,15 +76,9 @@ def qkv_rope_linear(
     caches at slot_mapping."""
     from ingot.plugins.rope.reference import rope_write_kv
 
-    T = x.shape[0]
-    hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
-    q, k, v = linear(x, weight, bias).split(
-        [num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1
-    )
-    return rope_write_kv(
-        q.reshape(T, num_heads, hd), k.reshape(T, num_kv_heads, hd),
-        v.reshape(T, num_kv_heads, hd), positions, cos, sin, k_cache, v_cache, slot_mapping,
-        k_scale=k_scale, v_scale=v_scale,
+    return unfused_qkv_rope(
+        linear, rope_write_kv, x, weight, bias, positions, cos, sin, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
 
