@@ -183,12 +183,15 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
 
 
 # Batch-1 decode variants the A/B alternates in one process (decode graphs recaptured for
-# each): the engine as built (PDL on: the default), without the QKV GEMV's RoPE epilogue,
-# without PDL (its plain small-batch kernels compile at the first capture). Runs differ by a
-# few % between calls, so a change worth less than that is measured here, not across calls.
+# each; kernels a variant needs that the engine lacks compile at its first capture): the
+# engine as built (PDL on: the default); its PDL GEMVs loading one weight chunk before their
+# wait instead of up to four; its PDL kernels letting the next one be scheduled after their
+# wait instead of before; no PDL. Runs differ by a few % between calls, so a change worth less
+# than that is measured here, not across calls.
 AB_VARIANTS = {
     "engine": {},
-    "rope_unfused": {"qkv_rope": None},
+    "prefetch_1": {"prefetch_bytes": 0},
+    "trigger_after_wait": {"trigger": "after_wait"},
     "no_pdl": {"pdl": False},
 }
 
@@ -196,12 +199,19 @@ AB_VARIANTS = {
 def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
     """decode_b1() (tok/s) of each AB_VARIANTS entry, args.ab_rounds times in turn; the
     executor is left as it was (its decode graphs recaptured for every batch bucket)."""
+    from ingot.plugins import pdl
+    from ingot.plugins.gemm import cuda as gemm_cuda
     from ingot.runtime.cuda_graphs import DecodeGraphs
 
     if not args.ab_rounds or ex.graphs is None:
         return {}
     dec, b = ex.decoder, ex.config.build
-    saved = {"qkv_rope": dec.qkv_rope, "pdl": dec.ops.pdl}
+    saved = {
+        "qkv_rope": dec.qkv_rope,
+        "pdl": dec.ops.pdl,
+        "trigger": pdl.TRIGGER,
+        "prefetch_bytes": gemm_cuda.PREFETCH_BYTES,
+    }
     width = ex.scheduler.config.max_blocks_per_seq
 
     def use(changes: dict, max_batch: int) -> None:
@@ -209,6 +219,8 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
         torch.cuda.empty_cache()
         dec.qkv_rope = changes.get("qkv_rope", saved["qkv_rope"])
         dec.ops.pdl = changes.get("pdl", saved["pdl"])
+        pdl.TRIGGER = changes.get("trigger", saved["trigger"])
+        gemm_cuda.PREFETCH_BYTES = changes.get("prefetch_bytes", saved["prefetch_bytes"])
         ex.graphs = DecodeGraphs(dec, ex.kv, max_batch, width, b.max_seq_len, ex.device)
 
     out: dict[str, list[float]] = {k: [] for k in AB_VARIANTS}

@@ -46,6 +46,19 @@ def poisoned(T, N, dtype=BF16):
     return torch.full((T, N), float("nan"), device=DEV, dtype=dtype)
 
 
+def captured(fn) -> torch.cuda.CUDAGraph:
+    """fn() run once (compiling outside the capture), then captured into a graph."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return g
+
+
 def test_tactic_names_stable_and_unique():
     names = [t.name for t in gemm_cuda.GEMM_TACTICS]
     assert "cublas" in names and len(set(names)) == len(names)
@@ -123,20 +136,70 @@ def test_gemv_cuda_graph(tactic):
     N, K, T = 4096, 14336, tactic.as_dict()["max_m"]
     x, w, b, _ = inputs(T, N, K, True)
     out = poisoned(T, N)
-    f(x, w, b, out=out)  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        f(x, w, b, out=out)
-    torch.cuda.current_stream().wait_stream(s)
+    g = captured(lambda: f(x, w, b, out=out))
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         assert rel_err(out, F.linear(x.float(), w.float(), b.float())) < TOL
+
+
+@pytest.mark.parametrize("tactic", GEMV, ids=IDS)
+def test_pdl_gemv_with_k_shorter_than_its_prefetch(tactic):
+    """PDL GEMVs of tiny models: K inside the chunks loaded before the wait leaves the main
+    loop nothing; its unrolled variants (u2) read far past the weights and faulted before
+    the loop's bounds were kept in order (scripts/pdl_stress.py found it)."""
+    from ingot.plugins import pdl
+
+    f = gemm_cuda.make_linear(tactic)
+    for N, K in ((64, 64), (128, 64), (40, 96), (256, 64), (130, 1032)):
+        for T in range(1, tactic.as_dict()["max_m"] + 1):
+            x, w, b, ref = inputs(T, N, K, T % 2 == 0)
+            with pdl.scope(True):
+                out = f(x, w, b, out=poisoned(T, N))
+            torch.cuda.synchronize()
+            assert rel_err(out, ref) < TOL, (N, K, T)
+
+
+@pytest.mark.parametrize("trigger", ["after_wait", "before_wait"])
+@pytest.mark.parametrize("tactic", GEMV, ids=IDS)
+def test_pdl_gemv_chain_in_a_graph(tactic, trigger):
+    """Three PDL GEMVs, each reading the one before's output (x -> [14336] -> [4096] ->
+    [4096]), their weights partly loaded before each wait (prefetch_chunks 1-4), captured and
+    replayed on new x: a GEMV running ahead of its input would read the last replay's."""
+    from ingot.plugins import pdl
+
+    T = 1
+    f = gemm_cuda.make_linear(tactic)
+    x = torch.randn(T, 4096, device=DEV, dtype=BF16)
+    ws = [torch.randn(n, k, device=DEV, dtype=BF16) / math.sqrt(k)
+          for n, k in ((14336, 4096), (4096, 14336), (4096, 4096))]  # fmt: skip
+    outs = [poisoned(T, w.shape[0]) for w in ws]
+    prev = pdl.TRIGGER
+    pdl.TRIGGER = trigger
+    try:
+
+        def chain():
+            with pdl.scope(True):
+                h = x
+                for w, o in zip(ws, outs, strict=True):
+                    h = f(h, w, out=o)
+
+        g = captured(chain)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            for o in outs:
+                o.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            h = x.float()
+            for w, o in zip(ws, outs, strict=True):
+                # each stage against fp32 on the stage's actual input (errors do not compound)
+                assert rel_err(o, F.linear(h, w.float())) < TOL
+                h = o.float()
+    finally:
+        pdl.TRIGGER = prev
 
 
 @pytest.mark.parametrize(

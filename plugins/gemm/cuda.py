@@ -142,10 +142,12 @@ def gemv_acc(
     GATED: tl.constexpr,
     PDL: tl.constexpr,
     QUANT_X: tl.constexpr,
+    PRE: tl.constexpr = 1,
 ):
     """[BLOCK_M, BLOCK_N] fp32 sums of x's first T rows (rows past T re-read row 0) times the
     weight rows rn_c (every index valid), over K: the loop of `_gemv_kernel`, shared with the
-    kernels that put their own epilogue after it (plugins/gemm/qkv_rope.py)."""
+    kernels that put their own epilogue after it (plugins/gemm/qkv_rope.py). PDL: the first
+    PRE chunks (1, 2 or 4; `prefetch_chunks`) are loaded before the wait."""
     rm = tl.arange(0, BLOCK_M)
     rm_c = tl.where(rm < T, rm, 0)  # rows of x past T re-read row 0; masked at the store
     rk = tl.arange(0, BLOCK_K)
@@ -153,20 +155,38 @@ def gemv_acc(
     x_ptrs = x_ptr + rm_c[:, None] * sxm + rk[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // VEC], tl.float32)
     k_full = (K // BLOCK_K) * BLOCK_K
-    START: tl.constexpr = BLOCK_K if PDL else 0  # where the loop begins
+    START: tl.constexpr = PRE * BLOCK_K if PDL else 0  # where the loop begins
     if PDL:
-        # chunk 0 (masked: K may be shorter than BLOCK_K), loaded before the wait
+        # the first PRE chunks (masked: K may be shorter), loaded before the wait and summed
+        # after it in the loop's order, so the PDL variant gives the plain one's bits
         w0 = _load_w(w_ptrs, 0, K, True, BLOCK_K)
+        if PRE >= 2:
+            w1 = _load_w(w_ptrs, BLOCK_K, K, True, BLOCK_K)
+        if PRE >= 4:
+            w2 = _load_w(w_ptrs, 2 * BLOCK_K, K, True, BLOCK_K)
+            w3 = _load_w(w_ptrs, 3 * BLOCK_K, K, True, BLOCK_K)
         pdl_begin(PDL)
         acc = _gemv_fma(
             acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
         )
-    for k0 in tl.range(START, k_full, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        if PRE >= 2:
+            acc = _gemv_fma(acc, w1, x_ptrs, BLOCK_K, K, sx, True,
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+        if PRE >= 4:
+            acc = _gemv_fma(acc, w2, x_ptrs, 2 * BLOCK_K, K, sx, True,
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+            acc = _gemv_fma(acc, w3, x_ptrs, 3 * BLOCK_K, K, sx, True,
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+    # NOTE: never a lower bound past the upper one (PDL with K < START): the unrolled loop's
+    # trip count then came out wrong and it read far past the weights (H200: illegal address
+    # with tiny models; scripts/pdl_stress.py)
+    k_end = tl.maximum(k_full, START)
+    for k0 in tl.range(START, k_end, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
         wt = _load_w(w_ptrs, k0, K, False, BLOCK_K)
         acc = _gemv_fma(
             acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
         )
-    if k_full < K and k_full >= START:  # the tail, unless chunk 0 was all of K
+    if k_full < K and k_full >= START:  # the tail, unless the first chunks were all of K
         wt = _load_w(w_ptrs, k_full, K, True, BLOCK_K)
         acc = _gemv_fma(
             acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
@@ -199,6 +219,7 @@ def _gemv_kernel(
     SCALED: tl.constexpr = False,
     PDL: tl.constexpr = False,
     QUANT_X: tl.constexpr = False,
+    PRE: tl.constexpr = 1,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
@@ -211,9 +232,10 @@ def _gemv_kernel(
     compiler knows every row starts 16-byte aligned and emits 16-byte weight loads for any K
     that is a multiple of VEC.
 
-    PDL: the weights never depend on the kernel before, so each program loads its first weight
-    chunk before waiting for that kernel (`pdl_begin`), and x only after: the first DRAM round
-    trip overlaps the predecessor's tail instead of following it.
+    PDL: the weights never depend on the kernel before, so each program loads its first PRE
+    weight chunks before waiting for that kernel (`pdl_begin`), and x only after: the first
+    DRAM round trips overlap the predecessor's tail (or all of a short kernel such as decode
+    attention) instead of following it.
     """
     K = K_v * VEC
     pid = tl.program_id(0)
@@ -227,7 +249,7 @@ def _gemv_kernel(
         sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it; the epilogue rescales by it
     y = gemv_acc(
         x_ptr, w_ptr, rn_c, T, K, sxm_v * VEC, swn_v * VEC, sx,
-        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, GATED, PDL, QUANT_X,
+        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, GATED, PDL, QUANT_X, PRE,
     )  # fmt: skip
     if SCALED:
         y = y * (sx * tl.load(sw_ptr))
@@ -333,9 +355,32 @@ def launch_gemv(
         QUANT_X=scales is not None and x.dtype != weight.dtype,
         num_warps=int(params["num_warps"]),
         num_stages=1,
-        **launch_options(),
+        **gemv_pdl_options(K, weight.element_size(), params),
     )
     return out
+
+
+# Bytes of weights each thread may hold in registers before a PDL GEMV's wait (64 registers):
+# a GEMV whose programs are all resident (e.g. the o projection after decode attention) then
+# reads most of its weights while the kernel before it runs. 0: one chunk.
+PREFETCH_BYTES = 256
+
+
+def prefetch_chunks(K: int, elem_bytes: int, params: dict) -> int:
+    """Weight chunks a PDL GEMV loads before its wait (1, 2 or 4): the most that fit
+    PREFETCH_BYTES per thread without a chunk wholly past K; at least one."""
+    bk, bn, warps = int(params["block_k"]), int(params["block_n"]), int(params["num_warps"])
+    per_chunk = bn * bk * elem_bytes // (32 * warps)
+    pre = 1
+    while pre < 4 and 2 * pre * per_chunk <= PREFETCH_BYTES and 2 * pre <= triton.cdiv(K, bk):
+        pre *= 2
+    return pre
+
+
+def gemv_pdl_options(K: int, elem_bytes: int, params: dict) -> dict:
+    """launch_options() of a GEMV-loop kernel, with its PRE when PDL is on."""
+    opts = launch_options()
+    return opts | {"PRE": prefetch_chunks(K, elem_bytes, params)} if opts else opts
 
 
 def make_linear(tactic: Tactic | None = None):

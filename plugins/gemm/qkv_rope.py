@@ -21,11 +21,10 @@ import triton
 import triton.language as tl
 
 from ..attention.layout import check_kv_layout
-from ..pdl import launch_options
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
-from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, make_linear
+from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, gemv_pdl_options, make_linear
 from .reference import unfused_qkv_rope
 
 # the GEMV tactics (the first is the cross-build default, as for the gemm plugin); the builder
@@ -89,6 +88,7 @@ def _qkv_rope_kernel(
     STAGES: tl.constexpr,
     UNROLL: tl.constexpr,
     PDL: tl.constexpr = False,
+    PRE: tl.constexpr = 1,
 ):
     """Grid: (HQ + 2 HKV) heads x HALF / (BLOCK_N / 2) programs; every row index is valid."""
     HB: tl.constexpr = BLOCK_N // 2
@@ -104,9 +104,8 @@ def _qkv_rope_kernel(
     d = j0 + tl.arange(0, HB)
     # What the epilogue reads is loaded before the weight stream, which hides its latency
     # (after the loop, two dependent round trips cost ~1.2 us per call on the H200). PDL: these
-    # are step inputs, copied before the step's first kernel; a PDL kernel runs code before
-    # its wait only once the kernel before it has passed its own wait, i.e. when everything two
-    # launches back (here at least the embedding lookup) has completed.
+    # are step inputs, written before the pass's first PDL kernel, so they may be read before
+    # the wait (plugins/pdl.py).
     p = tl.load(pos_ptr + rm_c).to(tl.int64)[:, None] * s_cos
     c1 = tl.load(cos_ptr + p + d[None, :])
     c2 = tl.load(cos_ptr + p + HALF + d[None, :])
@@ -121,7 +120,7 @@ def _qkv_rope_kernel(
         vs = tl.load(vs_ptr)
     y = gemv_acc(
         x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, 1.0,
-        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, False,
+        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, False, PRE,
     )  # fmt: skip
     if HAS_BIAS:
         y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
@@ -224,7 +223,7 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
             UNROLL=int(params.get("unroll", 1)),
             num_warps=int(params["num_warps"]),
             num_stages=1,
-            **launch_options(),
+            **gemv_pdl_options(weight.shape[1], weight.element_size(), params),
         )  # fmt: skip
         return q
 
