@@ -245,8 +245,8 @@ def timed_choices(
     shapes = _Shapes(model, build)
     jobs: list[tuple[str, Callable[[], PluginChoice]]] = []
 
-    def best(name, cands, inputs, factory=None):
-        res = time_tactics(name, cands, inputs, factory=factory)
+    def best(name, cands, inputs, factory=None, before=None):
+        res = time_tactics(name, cands, inputs, factory=factory, before=before)
         return res[0][0], res
 
     def simple(name: str) -> PluginChoice:
@@ -305,9 +305,27 @@ def timed_choices(
         }
         return pick_over_contexts(by_shape)
 
+    def predecessor(site: str) -> Callable[[], Any] | None:
+        """What a PDL engine's batch-1 decode step runs just before the GEMM at `site` (decode
+        attention before the o projection, a norm before qkv, gate_up and the lm_head), so
+        the GEMV tactics are timed as they run there: loading weights while it runs. With
+        decode attention taking ~5 us at batch 1, a tactic whose programs are all resident
+        at once can load most of its weights before its input exists (plugins/pdl.py)."""
+        if not build.pdl:
+            return None
+        if site == "attn.o":
+            args, kw = shapes.attention(1, min(256, build.max_seq_len), kv_fp8)
+            fn = make_decode_attention(DECODE_TACTICS[0])
+        elif site in ("attn.qkv", "mlp.gate_up", "lm_head"):
+            args, kw = shapes.op("add_rms_norm")
+            fn = resolve_factory("add_rms_norm")(get_spec("add_rms_norm").default_tactic("cuda"))
+        else:  # mlp.down follows the gate_up GEMV
+            return None
+        return lambda: fn(*args, **kw)
+
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
         cands = get_spec(name).candidates("cuda")
-        t, res = best(name, cands, inputs, resolve_factory(name))
+        t, res = best(name, cands, inputs, resolve_factory(name), predecessor(site))
         return _choice(name, t, site, res)
 
     site_inputs = {

@@ -30,9 +30,11 @@ def _median_ms_events(fn: Callable[[], Any], repeats: int, flush: Any) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def _median_ms_graph(fn: Callable[[], Any], repeats: int, flush: Any, calls: int = 10) -> float:
-    """(graph of `calls` x [flush, fn]) minus (graph of `calls` x [flush]), per call: device
-    time as a captured decode step sees it, without host launch latency."""
+def _median_ms_graph(
+    fn: Callable[[], Any], repeats: int, flush: Any, before: Callable[[], Any], calls: int = 10
+) -> float:
+    """(graph of `calls` x [flush, before, fn]) minus (graph of `calls` x [flush, before]), per
+    call: device time as a captured decode step sees it, without host launch latency."""
     import torch
 
     graphs = []
@@ -44,6 +46,7 @@ def _median_ms_graph(fn: Callable[[], Any], repeats: int, flush: Any, calls: int
             with torch.cuda.graph(g, stream=stream):
                 for _ in range(calls):
                     flush.zero_()
+                    before()
                     if with_fn:
                         fn()
             graphs.append(g)
@@ -62,7 +65,13 @@ def _median_ms_graph(fn: Callable[[], Any], repeats: int, flush: Any, calls: int
     return max(diff, 0.0) / calls
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
+def _nothing() -> None:
+    return None
+
+
+def _median_ms(
+    fn: Callable[[], Any], repeats: int, before: Callable[[], Any] | None = None
+) -> float:
     import torch
 
     # NOTE: flush L2 between calls so a kernel is timed on cold data, the way it runs inside a
@@ -70,13 +79,24 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
     # that cannot be captured (host syncs) is timed with events around each call instead.
     flush = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     for _ in range(3):
+        (before or _nothing)()
         fn()
     torch.cuda.synchronize()
     try:
-        return _median_ms_graph(fn, max(5, repeats // 5), flush)
+        return _median_ms_graph(fn, max(5, repeats // 5), flush, before or _nothing)
     except Exception:  # noqa: BLE001 - not capturable: fall back to per-call events
         torch.cuda.synchronize()
         return _median_ms_events(fn, repeats, flush)
+
+
+def _in_pdl_scope(fn: Callable[[], Any]) -> Callable[[], Any]:
+    from .pdl import scope
+
+    def call() -> Any:
+        with scope(True):
+            return fn()
+
+    return call
 
 
 def time_tactics(
@@ -85,6 +105,7 @@ def time_tactics(
     make_inputs: InputsFn,
     repeats: int = 50,
     factory: Callable[[Tactic | None], Callable[..., Any]] | None = None,
+    before: Callable[[], Any] | None = None,
 ) -> list[tuple[Tactic, float]]:
     """Median milliseconds per call of each candidate, fastest first.
 
@@ -92,15 +113,23 @@ def time_tactics(
     candidate. A candidate that fails to compile or launch (e.g. out of shared memory) is
     reported with float('inf') rather than aborting the build. `factory` overrides the lookup
     of the plugin's cuda factory (used to time a sub-kernel, e.g. decode attention alone).
+
+    before: the call a PDL engine's decode step makes just ahead of this one (e.g. the norm
+    before a GEMV). Then both run with programmatic dependent launch and each candidate is
+    charged what it adds to `before` alone, so a GEMV whose programs load their weights while
+    `before` runs gets that credit (plugins/pdl.py).
     """
     factory = factory or resolve_factory(spec_name)
     args, kwargs = make_inputs()
     results: list[tuple[Tactic, float]] = []
     error: Exception | None = None
+    if before is not None:
+        before = _in_pdl_scope(before)
     for tactic in candidates:
         fn = factory(tactic)
         try:
-            ms = _median_ms(lambda fn=fn: fn(*args, **kwargs), repeats)
+            call = lambda fn=fn: fn(*args, **kwargs)  # noqa: E731
+            ms = _median_ms(_in_pdl_scope(call) if before else call, repeats, before)
         except Exception as e:  # noqa: BLE001 - a failing tactic is skipped, not fatal
             ms, error = float("inf"), e
         results.append((tactic, ms))

@@ -65,7 +65,7 @@ def test_large_batches_run_the_large_batch_decode_tactic(monkeypatch):
     assert seen == [small.as_dict()]  # without one, the small-batch tactic serves all
 
 
-def _fake_timer(fn, repeats):
+def _fake_timer(fn, repeats, before=None):
     fn()
     return 1.0
 
@@ -86,6 +86,33 @@ def test_one_failing_candidate_is_skipped_but_all_failing_is_an_error(monkeypatc
     assert res == [(good, 1.0), (bad, float("inf"))]
     with pytest.raises(RuntimeError, match="no op tactic ran: out of shared memory"):
         time_tactics("op", [bad], lambda: ((1,), {}), factory=factory)
+
+
+def test_a_predecessor_runs_before_each_candidate_all_in_pdl_scope(monkeypatch):
+    """time_tactics(before=...): the timer gets the candidate and its predecessor, both
+    launching their PDL kernel variants (a PDL engine's decode step), and nothing else does."""
+    from ingot.plugins import pdl
+
+    seen = []
+
+    def timer(fn, repeats, before=None):
+        before()
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(tactics, "_median_ms", timer)
+
+    def factory(t):
+        return lambda x: seen.append((t.name, x, pdl.active()))
+
+    def norm():
+        seen.append(("norm", None, pdl.active()))
+
+    res = time_tactics("op", [Tactic("a"), Tactic("b")], lambda: ((7,), {}), factory=factory,
+                       before=norm)  # fmt: skip
+    assert [t.name for t, _ in res] == ["a", "b"]
+    assert seen == [("norm", None, True), ("a", 7, True), ("norm", None, True), ("b", 7, True)]
+    assert not pdl.active()
 
 
 def test_decode_tactic_is_picked_over_both_context_lengths():
@@ -119,7 +146,7 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
     t4096 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096")
     t8192 = next(t for t in dec.DECODE_TACTICS if t.name == "p256_n32_w1_s3_t8192_m256")
 
-    def fake_time(name, cands, inputs, factory=None, repeats=None):
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None):
         # the large-batch inputs' (batch, real, ctx), read without building them (no GPU)
         cell = (inputs.__defaults__ or (None,))[0]
         if factory is not make_decode_attention or not isinstance(cell, tuple):
