@@ -160,7 +160,7 @@ class BuildConfig:
     target: str = "cpu"
     # programmatic dependent launch between the forward pass's Triton kernels (plugins/pdl.py)
     # in small decode batches (runtime/model.py: Decoder.uses_pdl); build-engine turns it on
-    # for unquantized engines on sm_90+ targets unless told otherwise (compiler/build.py:
+    # for engines with unquantized weights on sm_90+ targets unless told otherwise (compiler/build.py:
     # resolve_build_config)
     pdl: bool = False
 

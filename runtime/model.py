@@ -121,18 +121,10 @@ class Decoder:
         # more than the RoPE kernel saved (docs/performance.md, 12-03 19:25 and 21:20).
         self.decode_writes_v = False
         # The QKV projection with RoPE and the KV write in its epilogue at decode sizes
-        # (unquantized engines that have the plugin; Qwen3's q/k norms sit between the two).
-        # NOTE: the kernel writes FP8 caches too (GPU-tested against the unfused kernels), but
-        # an FP8-KV engine with it and PDL disagreed with the CPU engine on the H200; PDL alone
-        # then hit an illegal memory access there (docs/performance.md, 2026-12-04), so PDL is
-        # the suspect, yet this was not run apart: off for FP8 caches until it is.
+        # (unquantized weights, model-dtype or FP8 cache, in engines that have the plugin;
+        # Qwen3's q/k norms sit between the two).
         self.qkv_rope = None
-        if (
-            quant.mode == "none"
-            and not self.fp8_kv
-            and not cfg.qk_norm
-            and hasattr(ops, "qkv_rope_gemm")
-        ):
+        if quant.mode == "none" and not cfg.qk_norm and hasattr(ops, "qkv_rope_gemm"):
             self.qkv_rope = ops.at("qkv_rope_gemm", "attn.qkv")
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
@@ -267,7 +259,7 @@ class Decoder:
     def uses_pdl(self, rows: int) -> bool:
         """Whether a pass over `rows` tokens launches the PDL kernel variants: in PDL engines,
         small decode batches only. Those chain ~290 short GEMV-bound kernels (H200, batch 1,
-        in one process: +1.9%, +2.0% and -0.7% in three calls); larger passes run cuBLAS
+        BF16, in one process: +3.4% and +4.3% in two calls); larger passes run cuBLAS
         GEMMs, which never signal early, and measured 0.3-1.6% slower with PDL at batch 64
         (docs/performance.md)."""
         return self.ops.pdl and rows <= PDL_MAX_ROWS

@@ -76,7 +76,12 @@ def train_next_token_map(hf_dir: Path, steps: int = 300, seed: int = 0) -> Path:
 
 def serve_staggered(engine_dir: Path, prompts, n: int, **executor_kw) -> list[list[int]]:
     """All prompts but the last together; the last joins while the others are decoding."""
-    ex = Executor(load_engine(engine_dir), **executor_kw)
+    return serve_engine_staggered(load_engine(engine_dir), prompts, n, **executor_kw)
+
+
+def serve_engine_staggered(engine, prompts, n: int, **executor_kw) -> list[list[int]]:
+    """serve_staggered on an engine already loaded."""
+    ex = Executor(engine, **executor_kw)
     params = SamplingParams(max_new_tokens=n, ignore_eos=True)
     reqs = [ex.add_request(p, params) for p in prompts[:-1]]
     for _ in range(3):

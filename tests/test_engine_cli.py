@@ -458,26 +458,13 @@ def test_pdl_default_follows_target_and_quantization():
     from ingot.runtime.config import QuantConfig
 
     plain, fp8 = QuantConfig(), QuantConfig(mode="fp8", kv_cache_dtype="fp8")
-    assert resolve_build_config(None, {"target": "sm_90"}, quant=plain).pdl
-    assert not resolve_build_config(None, {"target": "sm_80"}, quant=plain).pdl
-    assert not resolve_build_config(None, {"target": "cpu"}, quant=plain).pdl
-    assert not resolve_build_config(None, {"target": "sm_90"}, quant=fp8).pdl
-    kv_only = QuantConfig(kv_cache_dtype="fp8")
-    assert not resolve_build_config(None, {"target": "sm_90"}, quant=kv_only).pdl
-    # an explicit choice wins either way
-    assert resolve_build_config(None, {"target": "sm_90", "pdl": True}, quant=fp8).pdl
+    kv_only, int4 = QuantConfig(kv_cache_dtype="fp8"), QuantConfig(mode="int4_awq")
+    for q in (plain, kv_only):
+        assert resolve_build_config(None, {"target": "sm_90"}, quant=q).pdl
+        assert not resolve_build_config(None, {"target": "sm_80"}, quant=q).pdl
+        assert not resolve_build_config(None, {"target": "cpu"}, quant=q).pdl
+    for q in (fp8, int4):  # quantized weights: opt-in
+        assert not resolve_build_config(None, {"target": "sm_90"}, quant=q).pdl
+        # an explicit choice wins either way (FP8 was refused before its cause was found)
+        assert resolve_build_config(None, {"target": "sm_90", "pdl": True}, quant=q).pdl
     assert not resolve_build_config(None, {"target": "sm_90", "pdl": False}, quant=plain).pdl
-
-
-def test_pdl_with_fp8_is_refused_with_one_line():
-    from ingot.compiler.build import check_pdl_quant
-    from ingot.runtime.config import BuildConfig, QuantConfig
-    from ingot.runtime.errors import ConfigError
-
-    pdl = BuildConfig(target="sm_90", pdl=True)
-    check_pdl_quant(pdl, QuantConfig())  # unquantized: fine
-    check_pdl_quant(pdl, QuantConfig(mode="int4_awq"))  # INT4 engines passed with it
-    for q in (QuantConfig(mode="fp8"), QuantConfig(kv_cache_dtype="fp8")):
-        with pytest.raises(ConfigError, match="not supported yet"):
-            check_pdl_quant(pdl, q)
-        check_pdl_quant(BuildConfig(target="sm_90"), q)

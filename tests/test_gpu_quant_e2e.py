@@ -78,3 +78,44 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     assert strict_agreement(on_gpu, on_cpu) >= 0.95, (on_gpu, on_cpu)
     # without graphs (eager decode) the GPU engine makes the same choices as with them
     assert strict_agreement(serve_staggered(gpu, prompts, NEW, cuda_graphs=False), on_gpu) >= 0.95
+
+
+def _with_pdl(engine_dir):
+    """The engine loaded as if built with --pdl (its PDL kernel variants compile on first use)."""
+    import dataclasses
+
+    eng = load_engine(engine_dir)
+    build = dataclasses.replace(eng.config.build, pdl=True)
+    return dataclasses.replace(eng, config=dataclasses.replace(eng.config, build=build))
+
+
+@pytest.mark.parametrize("mode", ["fp8", "fp8_kv", "fp8_weights"])
+def test_pdl_variants_of_fp8_engines_give_the_same_tokens(tmp_path, mode):
+    """FP8 engines with PDL faulted and disagreed with the CPU engine on the H200 (12-04; the
+    cause: plugins/gemm/cuda.py's unrolled GEMV loop with its bounds out of order). PDL
+    changes when kernels start, never what they compute: the same engine (default tactics)
+    with its PDL variants, both trigger points, three times each, gives exactly its tokens
+    without them."""
+    from reference_runs import serve_engine_staggered
+
+    from ingot.compiler.examples import make_tiny_hf_model
+    from ingot.plugins import pdl
+
+    weights, kv = MODES[mode]
+    hf = train_next_token_map(make_tiny_hf_model("llama", tmp_path / "hf", seed=4, **SIZES))
+    opts = QuantOptions(weights, kv, calib_size=8, calib_max_seq_len=64, device="cpu")
+    ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16", quant=opts)
+    plain_build = BUILD | {"pdl": False}
+    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=plain_build,
+                       tactics="default")  # fmt: skip
+    assert not load_engine(gpu).config.build.pdl
+    prompts = random_prompts(load_engine(gpu).config.model.vocab_size, seed=9)
+    plain = serve_staggered(gpu, prompts, NEW)
+    prev = pdl.TRIGGER
+    try:
+        for trigger in ("after_wait", "before_wait"):
+            pdl.TRIGGER = trigger
+            for _ in range(3):
+                assert serve_engine_staggered(_with_pdl(gpu), prompts, NEW) == plain, trigger
+    finally:
+        pdl.TRIGGER = prev
