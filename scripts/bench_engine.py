@@ -7,6 +7,11 @@ for ingot and for transformers eager `generate` on the same weights. Writes JSON
 
     python scripts/bench_engine.py --out out/bench_engine.json            # on the H200
     python scripts/bench_engine.py --tiny --device cpu --out /tmp/b.json  # smoke test anywhere
+
+`--quant fp8` benchmarks an FP8 engine instead (ModelOpt calibration on --device; PDL on, so
+`--ab-rounds` compares it with PDL off in one process): on the H200 through
+`BENCH_ARGS="--ab-rounds 3 --quant fp8 --skip-hf" bash scripts/device_check.sh bench` (ModelOpt
+carried as in `quant`).
 """
 
 from __future__ import annotations
@@ -351,6 +356,15 @@ def main() -> None:
         default=0,
         help="batch-1 decode of the AB_VARIANTS alternated this many rounds in one process",
     )
+    ap.add_argument(
+        "--quant",
+        choices=("none", "fp8"),
+        default="none",
+        help="fp8: an FP8 engine (W8A8 + FP8 KV cache, calibrated by ModelOpt on --device) built "
+        "with PDL, so the A/B measures PDL on FP8 (transformers eager runs the bf16 model)",
+    )
+    ap.add_argument("--calib-size", type=int, default=8)
+    ap.add_argument("--calib-len", type=int, default=128)
     args = ap.parse_args()
     device = torch.device(args.device)
     shape = TINY if args.tiny else LLAMA_8B
@@ -360,7 +374,8 @@ def main() -> None:
     from ingot.runtime.engine import read_engine_config
 
     result: dict = {
-        "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random bf16)",
+        "model": ("tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random bf16)")
+        + (", engine FP8 W8A8 + FP8 KV" if args.quant == "fp8" else ""),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -376,7 +391,15 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     t = time.perf_counter()
-    convert_checkpoint(work / "hf", work / "ckpt", dtype="bfloat16", force=True)
+    quant = None
+    if args.quant == "fp8":
+        from ingot.compiler.quantize import QuantOptions
+
+        quant = QuantOptions(
+            "fp8", "fp8", calib_size=args.calib_size, calib_max_seq_len=args.calib_len,
+            device=args.device,
+        )  # fmt: skip
+    convert_checkpoint(work / "hf", work / "ckpt", dtype="bfloat16", force=True, quant=quant)
     result["convert_s"] = time.perf_counter() - t
     shutil.rmtree(work / "hf")
     target = "cpu" if device.type == "cpu" else "auto"
@@ -393,11 +416,13 @@ def main() -> None:
                 "max_seq_len": args.max_seq_len,
                 "max_num_tokens": 8192,
                 "tokens_per_block": 32,
+                # FP8 engines keep PDL opt-in; on here, so the A/B compares it with none
+                "pdl": True if quant is not None and device.type == "cuda" else None,
             },
         )
         return time.perf_counter() - t
 
-    result["build_s"] = build(work / "engine")  # PDL: the default (on: unquantized, sm_90+)
+    result["build_s"] = build(work / "engine")  # PDL: on (unquantized: the default on sm_90+)
     result["build_phases_s"] = read_engine_config(work / "engine").extra["build_seconds"]
     ours = ingot_measure(work / "engine", device, shape["vocab_size"], args)
     result["ingot"] = ours
