@@ -9,23 +9,25 @@ with `--pdl` run their forward passes inside `scope(True)`; the kernels launched
 PDL variants, which the builder's dry run records for the ahead-of-time bundle.
 
 A kernel taking part has a `PDL: tl.constexpr = False` parameter (off, or where it triggers:
-AFTER_WAIT / BEFORE_WAIT) and calls `pdl_begin(PDL)` as its first statement, before any load, store or early exit: a kernel that could finish without
-waiting would let its successor run ahead of its own predecessor. The one exception is loads of
-tensors nothing writes during a forward pass (weights, static scales): the GEMV loads its first
-weight chunks before the wait, which is where PDL pays most. Kernels outside Triton (torch,
-cuBLAS) never signal early, so their neighbours wait for them in full, as without PDL.
+AFTER_WAIT / BEFORE_WAIT) and calls `pdl_begin(PDL)` as its first statement, before any load,
+store or early exit: a kernel that could finish without waiting would let its successor run
+ahead of its own predecessor. The one exception is loads of tensors nothing writes during a
+forward pass (weights, static scales): the GEMV loads its first weight chunks before the wait,
+which is where PDL pays most. Kernels outside Triton (torch, cuBLAS) never signal early, so
+their neighbours wait for them in full, as without PDL.
 
 When a kernel lets the next one be scheduled (`TRIGGER`): "before_wait" (the default: as soon
 as its programs start, so the next kernel's programs take the SM slots the running kernel no
 longer needs and prefetch their weights during its tail and during latency-bound kernels such
 as decode attention or a norm; H200, batch 1, in one process: +0.9-1.4% over "after_wait" in
 three calls) or "after_wait" (after its own wait: at most two kernels of the chain are
-resident at once). Both are safe for the same reason: a kernel completes only after its own wait returned, i.e. after
-its predecessor completed, so a kernel past its wait sees every earlier kernel of the chain
-completed and its writes visible. What may be read before the wait: tensors nothing writes
-during a forward pass, and tensors written before the pass's first PDL kernel by copies or
-kernels outside Triton (step inputs): a PDL kernel is launched only once its predecessor
-started, so its code before the wait runs after every such earlier operation completed.
+resident at once). Both are safe for the same reason: a kernel completes only after its own
+wait returned, i.e. after its predecessor completed, so a kernel past its wait sees every
+earlier kernel of the chain completed and its writes visible. What may be read before the
+wait: tensors nothing writes during a forward pass, and tensors written before the pass's
+first PDL kernel by copies or kernels outside Triton (step inputs): a PDL kernel is launched
+only once its predecessor started, so its code before the wait runs after every such earlier
+operation completed.
 """
 
 from __future__ import annotations
@@ -76,12 +78,13 @@ if triton is not None:
     # Triton's interpreter runs launches one after another (nothing to wait for) and has no
     # griddepcontrol: there the PDL variants run as they compute, which the CPU tests check.
     _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+    _BEFORE_WAIT = tl.constexpr(BEFORE_WAIT)
 
     @triton.jit
     def pdl_begin(PDL: tl.constexpr):
         if PDL and not _INTERPRET:
-            if PDL == 2:  # BEFORE_WAIT
+            if PDL == _BEFORE_WAIT:
                 tl.extra.cuda.gdc_launch_dependents()  # the next kernel may be scheduled now
             tl.extra.cuda.gdc_wait()  # the previous kernel has finished; its writes are visible
-            if PDL != 2:
+            if PDL != _BEFORE_WAIT:
                 tl.extra.cuda.gdc_launch_dependents()

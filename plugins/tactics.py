@@ -78,12 +78,13 @@ def _median_ms(
     # model step. Graph replay keeps host launch latency out (decode runs as CUDA graphs); a fn
     # that cannot be captured (host syncs) is timed with events around each call instead.
     flush = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    before = before or _nothing
     for _ in range(3):
-        (before or _nothing)()
+        before()
         fn()
     torch.cuda.synchronize()
     try:
-        return _median_ms_graph(fn, max(5, repeats // 5), flush, before or _nothing)
+        return _median_ms_graph(fn, max(5, repeats // 5), flush, before)
     except Exception:  # noqa: BLE001 - not capturable: fall back to per-call events
         torch.cuda.synchronize()
         return _median_ms_events(fn, repeats, flush)

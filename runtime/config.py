@@ -160,8 +160,8 @@ class BuildConfig:
     target: str = "cpu"
     # programmatic dependent launch between the forward pass's Triton kernels (plugins/pdl.py)
     # in small decode batches (runtime/model.py: Decoder.uses_pdl); build-engine turns it on
-    # for engines with unquantized weights on sm_90+ targets unless told otherwise (compiler/build.py:
-    # resolve_build_config)
+    # for engines with unquantized weights on sm_90+ targets unless told otherwise
+    # (compiler/build.py: resolve_build_config)
     pdl: bool = False
 
     def __post_init__(self) -> None:

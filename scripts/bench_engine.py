@@ -212,7 +212,6 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
         return {}
     dec, b = ex.decoder, ex.config.build
     saved = {
-        "qkv_rope": dec.qkv_rope,
         "pdl": dec.ops.pdl,
         "trigger": pdl.TRIGGER,
         "prefetch_bytes": gemm_cuda.PREFETCH_BYTES,
@@ -222,7 +221,6 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
     def use(changes: dict, max_batch: int) -> None:
         ex.graphs = None
         torch.cuda.empty_cache()
-        dec.qkv_rope = changes.get("qkv_rope", saved["qkv_rope"])
         dec.ops.pdl = changes.get("pdl", saved["pdl"])
         pdl.TRIGGER = changes.get("trigger", saved["trigger"])
         gemm_cuda.PREFETCH_BYTES = changes.get("prefetch_bytes", saved["prefetch_bytes"])
