@@ -363,6 +363,10 @@ def main() -> None:
     )
     ap.add_argument("--calib-size", type=int, default=8)
     ap.add_argument("--calib-len", type=int, default=128)
+    ap.add_argument(
+        "--tokens-per-block", type=int, default=64,
+        help="the KV-cache block size (the llama-3.1-8b-bf16 preset's)",
+    )  # fmt: skip
     args = ap.parse_args()
     device = torch.device(args.device)
     shape = TINY if args.tiny else LLAMA_8B
@@ -413,7 +417,7 @@ def main() -> None:
                 "max_batch_size": max(args.batch, 1),
                 "max_seq_len": args.max_seq_len,
                 "max_num_tokens": 8192,
-                "tokens_per_block": 32,
+                "tokens_per_block": args.tokens_per_block,
                 # FP8 engines keep PDL opt-in; on here, so the A/B compares it with none
                 "pdl": True if quant is not None and device.type == "cuda" else None,
             },
