@@ -63,14 +63,14 @@ def _meta_batch(
     )
 
 
-def engine_launches(
+def dry_run_decoder(
     model: ModelConfig,
     quant: QuantConfig,
     build: BuildConfig,
     plugins: tuple[PluginChoice, ...],
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
-) -> list:
-    """KernelSpecs of every Triton launch a GPU engine of these configs makes at run time."""
+) -> tuple[Decoder, KVCache]:
+    """The engine's decoder and a KV cache on the `meta` device (launches are recorded, not run)."""
     cfg = EngineConfig(model=model, quant=quant, build=build, plugins=plugins, rank_files={})
     weights = {n: torch.empty(s, dtype=dt, device="meta") for n, (s, dt) in shapes.items()}
     dtype = weights["embed.weight"].dtype
@@ -81,7 +81,18 @@ def engine_launches(
             f"target {build.target} cannot run this engine yet: {e}", "build with --target cpu"
         ) from None
     kv_dtype = torch.float8_e4m3fn if quant.kv_cache_dtype == "fp8" else dtype
-    kv = KVCache(model, 4, build.tokens_per_block, kv_dtype, torch.device("meta"))
+    return decoder, KVCache(model, 4, build.tokens_per_block, kv_dtype, torch.device("meta"))
+
+
+def engine_launches(
+    model: ModelConfig,
+    quant: QuantConfig,
+    build: BuildConfig,
+    plugins: tuple[PluginChoice, ...],
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
+) -> list:
+    """KernelSpecs of every Triton launch a GPU engine of these configs makes at run time."""
+    decoder, kv = dry_run_decoder(model, quant, build, plugins, shapes)
     width = -(-build.max_seq_len // build.tokens_per_block)
     table_tokens = width * build.tokens_per_block
     batches: list[tuple[list[int], int, int | None]] = [

@@ -15,7 +15,7 @@ import torch
 
 from .kv_cache import KVCache
 from .memory import PREFILL_GRAPH_TOKENS
-from .model import AttnMetadata, Decoder
+from .model import AttnMetadata, Decoder, SampleRows
 from .sampler import greedy_tokens
 from .step_inputs import recorded_event, segments
 
@@ -249,6 +249,7 @@ class PrefillGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._copied: torch.cuda.Event | None = None  # the last copy out of `host`
+        self._seq0 = torch.zeros(1, dtype=torch.int32, device=device)  # the real chunk's index
         self._fill(
             1,
             0,
@@ -279,8 +280,9 @@ class PrefillGraphs:
         meta = AttnMetadata(
             slots[:bucket], tables, ctx, qsl, tables.shape[1] * self.kv.tokens_per_block, bucket
         )
-        hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv)
-        logits = self.decoder.step_logits(hidden.index_select(0, last))
+        rows = SampleRows(last, self._seq0)  # the chunk's last row (the padding never samples)
+        hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv, rows)
+        logits = self.decoder.step_logits(hidden)
         return logits, greedy_tokens(logits)
 
     def _fill_dummy(self, bucket: int) -> None:

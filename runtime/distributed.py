@@ -38,6 +38,7 @@ PLAN_KEYS = (
     "context_lens",
     "query_start_loc",
     "last",  # [R] rows of the hidden states that sample
+    "last_seq",  # [R] their sequences (model.SampleRows)
     "prompt_ranges",  # [P, 2] (first row, rows) of prompt positions whose logits are kept
 )
 _CMD_STOP, _CMD_STEP = 0, 1

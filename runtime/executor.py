@@ -19,7 +19,7 @@ from .inflight import Launched, TokenReadback, chained_rows, patch_inputs, reads
 from .kernels import KERNELS_FILE, install_engine_kernels
 from .kv_cache import KVCache
 from .memory import num_kv_blocks as default_num_kv_blocks
-from .model import AttnMetadata, Decoder, Ops, trailing_decodes
+from .model import AttnMetadata, Decoder, Ops, SampleRows, trailing_decodes
 from .sampler import RequestSampler, greedy_tokens
 from .scheduler import Scheduler, SchedulerConfig
 from .step_inputs import StepInputs
@@ -388,6 +388,7 @@ class Executor:
             "context_lens": plan.context_lens,
             "query_start_loc": qsl,
             "last": qsl[rows + 1] - 1,
+            "last_seq": rows,
             "prompt_ranges": np.array([(s, n) for _, s, n in ranges], np.int32).reshape(-1, 2),
         }
         if self.comm is not None:
@@ -422,11 +423,16 @@ class Executor:
             max_query_len=int(np.max(q_lens)),
             num_decodes=trailing_decodes(q_lens),
         )
-        hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv)
-        prompt = [
-            self.decoder.logits(hidden[s : s + n]) for s, n in arrays["prompt_ranges"].tolist()
-        ]
-        return prompt, self.decoder.step_logits(hidden[d["last"].long()])
+        if len(arrays["prompt_ranges"]) or len(arrays["last"]) == len(arrays["input_ids"]):
+            # every row's hidden state: prompt logits, or a step where every row samples
+            hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv)
+            prompt = [
+                self.decoder.logits(hidden[s : s + n]) for s, n in arrays["prompt_ranges"].tolist()
+            ]
+            return prompt, self.decoder.step_logits(hidden[d["last"].long()])
+        rows = SampleRows(d["last"], d["last_seq"])
+        hidden = self.decoder.forward(d["input_ids"], d["positions"], meta, self.kv, rows)
+        return [], self.decoder.step_logits(hidden)
 
     def follow(self, on_step: Callable[[int], None] | None = None) -> None:
         """tp ranks > 0: run rank 0's broadcast steps until it sends "stop".

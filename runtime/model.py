@@ -6,6 +6,7 @@ paged-KV metadata the C++ scheduler produced. Weights use the canonical names of
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,35 @@ class AttnMetadata:
     max_query_len: int  # 1 means every sequence decodes one token
     # the last num_decodes sequences have one query each (a mixed step's decodes; host-known)
     num_decodes: int = 0
+
+
+@dataclass
+class SampleRows:
+    """The rows of a step whose hidden states are sampled (each the last query of its sequence,
+    which sits at its context's last position) and their sequences' indices, [R] int32 each on
+    the model's device. Only the KV cache needs the other rows of the last layer, so after its
+    QKV projection and KV write the rest of that layer (attention, o projection, MLP, final
+    norm) runs on these R rows: for a 2,048-token prompt, 2,047 rows of a layer's o, gate_up
+    and down GEMMs fewer."""
+
+    rows: torch.Tensor
+    seqs: torch.Tensor
+
+    def meta(self, meta: AttnMetadata, tokens_per_block: int) -> AttnMetadata:
+        """The attention metadata of one query per sampling sequence, as a decode step of R
+        sequences has it: the context bound is the block tables' (max_seq_len rounded up to a
+        block), as the decode graphs' is, so the decode kernel runs the variants (split or not)
+        the engine's kernel bundle already holds."""
+        r = self.seqs.shape[0]
+        return AttnMetadata(
+            slot_mapping=meta.slot_mapping,  # the KV write is done; attention does not read it
+            block_tables=meta.block_tables.index_select(0, self.seqs),
+            context_lens=meta.context_lens.index_select(0, self.seqs),
+            query_start_loc=torch.arange(r + 1, dtype=torch.int32, device=self.seqs.device),
+            max_context_len=meta.block_tables.shape[1] * tokens_per_block,
+            max_query_len=1,
+            num_decodes=r,
+        )
 
 
 def trailing_decodes(query_lens) -> int:
@@ -154,8 +184,16 @@ class Decoder:
             self._lm_head = ops.at("gemm", "lm_head")
 
     def _attention(
-        self, i: int, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+        self,
+        i: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        kv: KVCache,
+        rows: SampleRows | None = None,
     ) -> torch.Tensor:
+        """Layer i's attention block: QKV, RoPE and the KV write for every row, then attention
+        and the o projection for every row, or for the sampling `rows` only."""
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
         k_cache, v_cache = kv.layer(i)
@@ -168,7 +206,7 @@ class Decoder:
                 x, w[p + "qkv.weight"], w.get(p + "qkv.bias"), positions, self.cos, self.sin,
                 k_cache, v_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, **fp8,
             )  # fmt: skip
-            return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q))
+            return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q), rows)
         qkv = self.linears[p + "qkv"](x)  # [T, qkv_size / tp]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, c.head_dim)
@@ -190,10 +228,18 @@ class Decoder:
         else:
             q, k = ops.rope(q, k, positions, self.cos, self.sin)
             ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
-        return self._attend(i, q, meta, k_cache, v_cache, attn_kw)
+        return self._attend(i, q, meta, k_cache, v_cache, attn_kw, rows)
 
-    def _attend(self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw) -> torch.Tensor:
-        """Attention of the rotated q over the paged cache, then the o projection."""
+    def _attend(
+        self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw, rows=None
+    ) -> torch.Tensor:
+        """Attention of the rotated q over the paged cache, then the o projection. rows: only
+        the sampling rows' queries, each its sequence's last, attend (one query per sequence:
+        the decode kernel)."""
+        if rows is not None:
+            q, meta = q.index_select(0, rows.rows), rows.meta(meta, k_cache.shape[1])
+            with self._rows_scope(rows):
+                return self._attend(i, q, meta, k_cache, v_cache, attn_kw)
         c, ops = self.cfg, self.ops
         o = ops.paged_attention(
             q,
@@ -250,11 +296,21 @@ class Decoder:
         return self.comm.all_reduce_(h)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        kv: KVCache,
+        rows: SampleRows | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, D] (normed)."""
+        """input_ids, positions: [T] -> final hidden states [T, D] (normed); with `rows`, those
+        of the sampling rows only, [R, D] (see SampleRows)."""
         with pdl.scope(self.uses_pdl(input_ids.shape[0])):
-            return self._forward(input_ids, positions, meta, kv)
+            if self.decode_writes_v and rows is not None:  # its new_v: every row attends
+                return self._forward(input_ids, positions, meta, kv, None).index_select(
+                    0, rows.rows
+                )
+            return self._forward(input_ids, positions, meta, kv, rows)
 
     def uses_pdl(self, rows: int) -> bool:
         """Whether a pass over `rows` tokens launches the PDL kernel variants: in PDL engines,
@@ -265,24 +321,40 @@ class Decoder:
         return self.ops.pdl and rows <= PDL_MAX_ROWS
 
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, kv: KVCache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        kv: KVCache,
+        rows: SampleRows | None,
     ) -> torch.Tensor:
         c, w = self.cfg, self.w
         h = self._embed(input_ids)
         residual = h
         x = self._norm(h, None, w["layers.0.attn_norm.weight"], "layers.0.attn.qkv")
         for i in range(c.num_layers):
-            a = self._attention(i, x, positions, meta, kv)
-            x, residual = self._norm(
-                a, residual, w[f"layers.{i}.mlp_norm.weight"], f"layers.{i}.mlp.gate_up"
-            )
-            m = self._mlp(i, x)
-            if i + 1 < c.num_layers:
-                nxt = f"layers.{i + 1}.attn"
-                x, residual = self._norm(m, residual, w[nxt + "_norm.weight"], nxt + ".qkv")
-            else:
-                x, residual = self._norm(m, residual, w["final_norm.weight"], None)
+            last = rows if i + 1 == c.num_layers else None
+            if last is None:
+                a = self._attention(i, x, positions, meta, kv)
+            else:  # QKV and the KV write for every row, the rest for the sampling rows only
+                a = self._attention(i, x, positions, meta, kv, last)
+                residual = residual.index_select(0, last.rows)
+            with contextlib.nullcontext() if last is None else self._rows_scope(last):
+                x, residual = self._norm(
+                    a, residual, w[f"layers.{i}.mlp_norm.weight"], f"layers.{i}.mlp.gate_up"
+                )
+                m = self._mlp(i, x)
+                if i + 1 < c.num_layers:
+                    nxt = f"layers.{i + 1}.attn"
+                    x, residual = self._norm(m, residual, w[nxt + "_norm.weight"], nxt + ".qkv")
+                else:
+                    x, residual = self._norm(m, residual, w["final_norm.weight"], None)
         return x
+
+    def _rows_scope(self, rows: SampleRows):
+        """Work on the sampling rows alone runs as a decode step of R rows does (PDL or not):
+        the same kernel variants, which the engine's bundle holds."""
+        return pdl.scope(self.uses_pdl(rows.rows.shape[0]))
 
     def _norm(
         self,

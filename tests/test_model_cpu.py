@@ -15,7 +15,7 @@ from ingot.plugins.attention.reference import paged_attention, write_kv
 from ingot.plugins.rope.reference import inv_freq
 from ingot.runtime.engine import load_engine
 from ingot.runtime.kv_cache import KVCache
-from ingot.runtime.model import AttnMetadata, Decoder, Ops, trailing_decodes
+from ingot.runtime.model import AttnMetadata, Decoder, Ops, SampleRows, trailing_decodes
 
 
 def _meta_for_prefill(lengths: list[int], bs: int, blocks_per_seq: int) -> AttnMetadata:
@@ -63,6 +63,53 @@ def test_prefill_logits_match_transformers(tmp_path, family):
     with torch.no_grad():
         ref = torch.cat([ref_model(x[None]).logits[0] for x in ids])
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def _meta_for_step(ctx: list[int], q_lens: list[int], bs: int, blocks_per_seq: int):
+    """Sequence b (blocks [b*blocks_per_seq, ...)) computes its last q_lens[b] of ctx[b]."""
+    slots, tables, qsl, pos = [], [], [0], []
+    for b, (c, n) in enumerate(zip(ctx, q_lens, strict=True)):
+        table = list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq))
+        tables.append(table)
+        slots += [table[t // bs] * bs + t % bs for t in range(c - n, c)]
+        pos += list(range(c - n, c))
+        qsl.append(qsl[-1] + n)
+    i32 = dict(dtype=torch.int32)
+    meta = AttnMetadata(
+        torch.tensor(slots, **i32),
+        torch.tensor(tables, **i32),
+        torch.tensor(ctx, **i32),
+        torch.tensor(qsl, **i32),
+        max(ctx),
+        max(q_lens),
+        num_decodes=trailing_decodes(q_lens),
+    )
+    return meta, torch.tensor(pos, **i32)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+def test_sampling_rows_alone_finish_the_last_layer(tmp_path, family):
+    """forward(rows=SampleRows) runs the last layer's attention, o projection and MLP on the
+    sampling rows only: their hidden states are the full pass's (a prefill, then a step of a
+    chunk continuing a cached prompt, a chunk that does not sample and a decode), and the KV
+    cache it leaves is the full pass's, bit for bit."""
+    _, dec = _tiny_decoder(tmp_path, family, 6, "float32")
+    m, bs = dec.cfg, 16
+    caches = [KVCache(m, 24, bs, torch.float32, torch.device("cpu")) for _ in range(2)]
+    steps = [  # (context lens, query lens, sampling sequences)
+        ([5, 37, 20], [5, 37, 20], [0, 2]),  # the middle prompt's first chunk does not sample
+        ([9, 40, 21], [4, 3, 1], [0, 1, 2]),  # chunks continuing cached prompts, a decode
+    ]
+    for ctx, q_lens, seqs in steps:
+        meta, pos = _meta_for_step(ctx, q_lens, bs, 8)
+        ids = torch.randint(0, m.vocab_size, (sum(q_lens),), dtype=torch.int32)
+        last = meta.query_start_loc[1:][seqs] - 1
+        full = dec.forward(ids, pos, meta, caches[0])[last]
+        rows = SampleRows(last.int(), torch.tensor(seqs, dtype=torch.int32))
+        pruned = dec.forward(ids, pos, meta, caches[1], rows)
+        assert pruned.shape == (len(seqs), m.hidden_size)
+        torch.testing.assert_close(pruned, full, rtol=1e-5, atol=1e-5)
+        assert torch.equal(caches[0].data, caches[1].data)
 
 
 def test_step_logits_stay_in_the_model_dtype(tmp_path):
