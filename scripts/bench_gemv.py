@@ -9,7 +9,7 @@ fraction of the device-to-device copy bandwidth measured in the same run. Then a
 decode step's GEMMs (32 layers of distinct weights, qkv/o/gate_up/down, + lm_head, T=1, one
 CUDA graph): all cuBLAS vs the fastest tactic per site, in us per layer and projected tok/s.
 Then the same for the FP8 GEMM plugin (`fp8_gemm`: cuBLASLt vs the FP8 GEMV tactics) at T=1
-on the four layer sites, x already quantized: flushed per-call times, and a decode step's
+on the four layer sites and an FP8 lm_head, x already quantized (`--fp8-only`: this part alone): flushed per-call times, and a decode step's
 32 layers of FP8 GEMMs in one graph, cuBLASLt vs the fastest tactic per site.
 
     python3 scripts/bench_gemv.py --out bench_gemv.json
@@ -106,7 +106,7 @@ def fp8_section(bw: float, reps: int) -> dict:
     f8, f32 = torch.float8_e4m3fn, dict(dtype=torch.float32, device=DEV)
     scales = (torch.tensor(0.02, **f32), torch.tensor(0.01, **f32))
     rows, best = [], {}
-    for site in LAYER_SITES:
+    for site in (*LAYER_SITES, "lm_head"):
         n, k = SITES[site]
         w = (torch.randn(n, k, device=DEV) * 0.1).to(f8)
         x = (torch.randn(1, k, device=DEV) * 0.1).to(f8)
@@ -118,7 +118,9 @@ def fp8_section(bw: float, reps: int) -> dict:
             frac = nbytes / (ms * 1e-3) / bw if math.isfinite(ms) and ms > 0 else None
             rows.append({"site": site, "T": 1, "tactic": t.name, "us": ms * 1e3, "frac_bw": frac})
         best[site] = res[0][0]
-        print(f"fp8 {site:8s} best {res[0][0].name:24s} {res[0][1] * 1e3:7.1f} us")
+        print(f"fp8 {site:8s} best {res[0][0].name:24s} {res[0][1] * 1e3:7.1f} us "
+              f"({nbytes / (res[0][1] * 1e-3) / bw * 100:5.1f}% of copy bw)")  # fmt: skip
+        del w
     layers = [
         {s: (torch.randn(*SITES[s], device=DEV) * 0.1).to(f8) for s in LAYER_SITES}
         for _ in range(LAYERS)
@@ -128,7 +130,7 @@ def fp8_section(bw: float, reps: int) -> dict:
     default = cuda_fp8.FP8_GEMM_TACTICS[0]
     step = {}
     for label, choice in (("cublaslt", dict.fromkeys(LAYER_SITES, default)), ("tuned", best)):
-        fns = {s: cuda_fp8.make_fp8_linear(t) for s, t in choice.items()}
+        fns = {s: cuda_fp8.make_fp8_linear(choice[s]) for s in LAYER_SITES}
 
         def run(fns=fns):
             for lw in layers:
@@ -137,7 +139,7 @@ def fp8_section(bw: float, reps: int) -> dict:
 
         ms = graph_ms(run)
         step[label] = {"ms_layer_gemms": ms, "frac_bw": wbytes / (ms * 1e-3) / bw,
-                       "tactics": {s: t.name for s, t in choice.items()}}  # fmt: skip
+                       "tactics": {s: choice[s].name for s in LAYER_SITES}}  # fmt: skip
         print(f"fp8 decode layer GEMMs ({label}): {ms * 1e3:8.1f} us/token "
               f"({wbytes / (ms * 1e-3) / bw * 100:5.1f}% of copy bw)")  # fmt: skip
     return {"rows": rows, "decode_layers": step}
@@ -150,7 +152,14 @@ def main() -> None:
     ap.add_argument("--ts", default="1,4,8")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-fp8", action="store_true")
+    ap.add_argument("--fp8-only", action="store_true", help="only the FP8 section")
     args = ap.parse_args()
+    if args.fp8_only:
+        bw = measure_copy_bw()
+        result = {"copy_bw_Bps": bw, "device": torch.cuda.get_device_name()}
+        result["fp8"] = fp8_section(bw, args.reps)
+        write(args.out, result)
+        return
     torch.manual_seed(0)
     ts = [int(t) for t in args.ts.split(",")]
     bw = measure_copy_bw()

@@ -12,7 +12,10 @@
 #   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json), and the W4A16
 #            GEMM path at 128 and 2,048 rows (bench_w4a16_prefill.json)                  ~1 min
 #   attn     prefill attention at 2,048 tokens, every tactic and wider ones; batch-1 decode
-#            attention at 256 keys (bench_prefill_attention.json)                         ~1 min
+#            attention at 256 keys (bench_prefill_attention.json; BLOCK_SIZES="32 64 128"
+#            repeats both at each KV block size)                                          ~1 min per size
+#   fp8gemv  the FP8 GEMM tactics at batch 1 (CUDA-core and tensor-core GEMVs, cuBLASLt) per
+#            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
@@ -76,9 +79,13 @@ for stage in "${@:-tests}"; do
       kill $smi 2>/dev/null
       tail -45 "$OUT/bench_engine.log" ;;
     attn)
-      timeout 150 python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
+      timeout $((150 * $(wc -w <<< "${BLOCK_SIZES:-32}"))) python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
         > "$OUT/bench_prefill_attention.log" 2>&1 || rc=1
       tail -24 "$OUT/bench_prefill_attention.log" ;;
+    fp8gemv)
+      timeout 200 python3 scripts/bench_gemv.py --fp8-only --out "$OUT/bench_fp8_gemv.json" \
+        > "$OUT/bench_fp8_gemv.log" 2>&1 || rc=1
+      tail -12 "$OUT/bench_fp8_gemv.log" ;;
     batch)
       timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
@@ -101,7 +108,7 @@ for stage in "${@:-tests}"; do
       timeout "${QUANT_TIMEOUT:-540}" bash scripts/bench_quant.sh "$OUT/quant" \
         > "$OUT/quant.log" 2>&1 || rc=1
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|batch|step|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|step|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc
