@@ -333,11 +333,10 @@ class Decoder:
         residual = h
         x = self._norm(h, None, w["layers.0.attn_norm.weight"], "layers.0.attn.qkv")
         for i in range(c.num_layers):
+            # the last layer: QKV and the KV write for every row, the rest for the sampling rows
             last = rows if i + 1 == c.num_layers else None
-            if last is None:
-                a = self._attention(i, x, positions, meta, kv)
-            else:  # QKV and the KV write for every row, the rest for the sampling rows only
-                a = self._attention(i, x, positions, meta, kv, last)
+            a = self._attention(i, x, positions, meta, kv, last)
+            if last is not None:
                 residual = residual.index_select(0, last.rows)
             with contextlib.nullcontext() if last is None else self._rows_scope(last):
                 x, residual = self._norm(
