@@ -236,26 +236,25 @@ class Decoder:
         """Attention of the rotated q over the paged cache, then the o projection. rows: only
         the sampling rows' queries, each its sequence's last, attend (one query per sequence:
         the decode kernel)."""
+        c, ops = self.cfg, self.ops
         if rows is not None:
             q, meta = q.index_select(0, rows.rows), rows.meta(meta, k_cache.shape[1])
-            with self._rows_scope(rows):
-                return self._attend(i, q, meta, k_cache, v_cache, attn_kw)
-        c, ops = self.cfg, self.ops
-        o = ops.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.context_lens,
-            meta.query_start_loc,
-            self.scale,
-            c.sliding_window,
-            max_query_len=meta.max_query_len,
-            max_context_len=meta.max_context_len,
-            num_decodes=meta.num_decodes,
-            **attn_kw,
-        )
-        out = self.linears[f"layers.{i}.attn.o"](o.reshape(-1, self.q_size))  # [T, D] partial
+        with self._rows_scope(rows):
+            o = ops.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.context_lens,
+                meta.query_start_loc,
+                self.scale,
+                c.sliding_window,
+                max_query_len=meta.max_query_len,
+                max_context_len=meta.max_context_len,
+                num_decodes=meta.num_decodes,
+                **attn_kw,
+            )
+            out = self.linears[f"layers.{i}.attn.o"](o.reshape(-1, self.q_size))  # [T, D] partial
         if self.comm is not None:
             self.comm.all_reduce_(out)
         return out
@@ -338,7 +337,7 @@ class Decoder:
             a = self._attention(i, x, positions, meta, kv, last)
             if last is not None:
                 residual = residual.index_select(0, last.rows)
-            with contextlib.nullcontext() if last is None else self._rows_scope(last):
+            with self._rows_scope(last):
                 x, residual = self._norm(
                     a, residual, w[f"layers.{i}.mlp_norm.weight"], f"layers.{i}.mlp.gate_up"
                 )
@@ -350,9 +349,11 @@ class Decoder:
                     x, residual = self._norm(m, residual, w["final_norm.weight"], None)
         return x
 
-    def _rows_scope(self, rows: SampleRows):
+    def _rows_scope(self, rows: SampleRows | None):
         """Work on the sampling rows alone runs as a decode step of R rows does (PDL or not):
-        the same kernel variants, which the engine's bundle holds."""
+        the same kernel variants, which the engine's bundle holds. None: the pass's own scope."""
+        if rows is None:
+            return contextlib.nullcontext()
         return pdl.scope(self.uses_pdl(rows.rows.shape[0]))
 
     def _norm(

@@ -20,7 +20,7 @@ from ingot.plugins.attention import triton_prefill as pf
 from ingot.plugins.registry import Tactic
 from ingot.plugins.tactics import time_tactics
 
-BS = 32  # build-engine's default tokens per block (the benchmarked engines')
+BS = 32  # timed when BLOCK_SIZES is unset (the FP8 bench engines'; the BF16 preset's is 64)
 
 
 def tactic(bm: int, bn: int, w: int, s: int) -> Tactic:
