@@ -40,6 +40,7 @@ from .aot_specs import (  # noqa: F401  (re-exported: the AOT API is used as `ao
     record_launches,
     tensor,
 )
+from .compile_threads import map_in_threads
 
 MAGIC = b"INGOTAOT"
 FORMAT_VERSION = 1
@@ -130,15 +131,16 @@ def compile_bundle(
     backend = make_backend(gpu)
     entries, files = [], []
     stub_errors = 0
-    binaries = set()
+    unique: dict[tuple[str, str], tuple[KernelSpec, Any, Any, Any]] = {}
     for spec in dict.fromkeys(specs):
         fn, src, options = _replay(spec, backend)
         # NOTE: specs differ by example int values; one binary serves all of a JIT class
-        binary = (src.hash(), options.hash())
-        if binary in binaries:
-            continue
-        binaries.add(binary)
-        kernel = triton.compile(src, target=gpu, options=options.__dict__)
+        unique.setdefault((src.hash(), options.hash()), (spec, fn, src, options))
+    # compiled side by side (plugins/compile_threads.py), packed in the specs' order
+    kernels = map_in_threads(
+        lambda u: triton.compile(u[2], target=gpu, options=u[3].__dict__), unique.values()
+    )
+    for (spec, fn, src, options), kernel in zip(unique.values(), kernels, strict=True):
         if host_stubs_from is not None:
             stub_errors += _build_launcher(kernel)
         by_name = {Path(p).name: Path(p) for p in kernel.metadata_group.values()}

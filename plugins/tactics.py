@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 from typing import Any
 
+from .compile_threads import map_in_threads
 from .registry import Tactic, get_spec, import_attr
 
 InputsFn = Callable[[], "tuple[tuple[Any, ...], dict[str, Any]]"]
@@ -90,6 +92,27 @@ def _median_ms(
         return _median_ms_events(fn, repeats, flush)
 
 
+def _first_calls(calls: list[Callable[[], Any]]) -> None:
+    """Each call once, side by side in threads: Triton compiles a kernel at its first call, so
+    the candidates compile in parallel rather than each as it is timed (the build's tactic
+    phase). Errors are left for the timing, which reports them per candidate."""
+    import torch
+
+    def first(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - timed (and reported as inf) after
+            pass
+
+    if torch.cuda.is_available():  # Triton's driver set up once here, not by racing threads
+        from triton.runtime.driver import driver
+
+        driver.active.get_current_device()
+    map_in_threads(first, calls)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _in_pdl_scope(fn: Callable[[], Any]) -> Callable[[], Any]:
     from .pdl import scope
 
@@ -126,11 +149,14 @@ def time_tactics(
     error: Exception | None = None
     if before is not None:
         before = _in_pdl_scope(before)
+    calls = []
     for tactic in candidates:
-        fn = factory(tactic)
+        call = functools.partial(factory(tactic), *args, **kwargs)
+        calls.append(_in_pdl_scope(call) if before else call)
+    _first_calls(calls)
+    for tactic, call in zip(candidates, calls, strict=True):
         try:
-            call = lambda fn=fn: fn(*args, **kwargs)  # noqa: E731
-            ms = _median_ms(_in_pdl_scope(call) if before else call, repeats, before)
+            ms = _median_ms(call, repeats, before)
         except Exception as e:  # noqa: BLE001 - a failing tactic is skipped, not fatal
             ms, error = float("inf"), e
         results.append((tactic, ms))

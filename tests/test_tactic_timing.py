@@ -111,8 +111,56 @@ def test_a_predecessor_runs_before_each_candidate_all_in_pdl_scope(monkeypatch):
     res = time_tactics("op", [Tactic("a"), Tactic("b")], lambda: ((7,), {}), factory=factory,
                        before=norm)  # fmt: skip
     assert [t.name for t, _ in res] == ["a", "b"]
-    assert seen == [("norm", None, True), ("a", 7, True), ("norm", None, True), ("b", 7, True)]
+    # each candidate's first call (its compile, side by side in threads), then the timings
+    assert sorted(seen[:2]) == [("a", 7, True), ("b", 7, True)]
+    assert seen[2:] == [("norm", None, True), ("a", 7, True), ("norm", None, True), ("b", 7, True)]
     assert not pdl.active()
+
+
+def test_candidates_first_run_side_by_side_before_any_is_timed(monkeypatch):
+    """The first calls (where Triton compiles) all start before the first timing, on several
+    threads at once when allowed; INGOT_COMPILE_THREADS=1 runs them in turn on this thread."""
+    import threading
+
+    monkeypatch.setattr(tactics, "_median_ms", _fake_timer)
+    for threads, expect_parallel in (("4", True), ("1", False)):
+        monkeypatch.setenv("INGOT_COMPILE_THREADS", threads)
+        calls, barrier = [], threading.Barrier(4, timeout=10)
+
+        def factory(t, calls=calls, barrier=barrier, parallel=expect_parallel):
+            def fn():
+                calls.append((t.name, threading.current_thread() is threading.main_thread()))
+                if parallel and len(calls) <= 4:
+                    try:  # all four first calls run at once, or this times out
+                        barrier.wait()
+                    except threading.BrokenBarrierError:
+                        calls.append(("barrier broken", False))
+
+            return fn
+
+        cands = [Tactic(f"t{i}") for i in range(4)]
+        res = time_tactics("op", cands, lambda: ((), {}), factory=factory)
+        assert [ms for _, ms in res] == [1.0] * 4
+        assert ("barrier broken", False) not in calls
+        first = calls[:4]
+        assert sorted(n for n, _ in first) == ["t0", "t1", "t2", "t3"]
+        assert all(not main for _, main in first) if expect_parallel else all(m for _, m in first)
+        assert [n for n, _ in calls[4:]] == ["t0", "t1", "t2", "t3"]  # then timed in order
+
+
+def test_compile_threads_setting_is_checked(monkeypatch):
+    from ingot.plugins.compile_threads import compile_threads, map_in_threads
+    from ingot.runtime.errors import ConfigError
+
+    monkeypatch.setenv("INGOT_COMPILE_THREADS", "3")
+    assert compile_threads() == 3
+    assert map_in_threads(lambda x: x * x, range(10)) == [x * x for x in range(10)]
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("INGOT_COMPILE_THREADS", bad)
+        with pytest.raises(ConfigError, match="INGOT_COMPILE_THREADS"):
+            compile_threads()
+    monkeypatch.delenv("INGOT_COMPILE_THREADS")
+    assert compile_threads() >= 1
 
 
 def test_decode_tactic_is_picked_over_both_context_lengths():

@@ -78,6 +78,38 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "p512_n32_w4_s4", (("partition", 512), ("block_n", 32), ("num_warps", 4), ("num_stages", 4))
     ),
+    # small batches, fewer and longer splits: no split shorter than 64 (128) keys, so a short
+    # context runs a few programs of several tiles each and merges fewer partials
+    Tactic(
+        "p128_n32_w4_s3_m64",
+        (
+            ("partition", 128),
+            ("block_n", 32),
+            ("num_warps", 4),
+            ("num_stages", 3),
+            ("split_min", 64),
+        ),
+    ),  # fmt: skip
+    Tactic(
+        "p128_n32_w4_s3_m128",
+        (
+            ("partition", 128),
+            ("block_n", 32),
+            ("num_warps", 4),
+            ("num_stages", 3),
+            ("split_min", 128),
+        ),
+    ),  # fmt: skip
+    Tactic(
+        "p128_n64_w4_s3_m128",
+        (
+            ("partition", 128),
+            ("block_n", 64),
+            ("num_warps", 4),
+            ("num_stages", 3),
+            ("split_min", 128),
+        ),
+    ),  # fmt: skip
     # for large batches, the context split until 8,192 programs run but no sequence's split
     # shorter than 512 (256) keys: a step whose batch fills its graph's bucket only in part
     # (435 sequences padded to 512 at 2,048 / 2,048) otherwise got one split, 2.2 waves of
