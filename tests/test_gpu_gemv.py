@@ -233,3 +233,33 @@ def test_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
         qkv_rope_fused_vs_unfused(
             tactic, T, 32, 8, 128, kv_dtype, bias=T % 2 == 0, exact=False, device=DEV, K=4096
         )
+
+
+@pytest.mark.parametrize("T", [1, 2, 4])
+@pytest.mark.parametrize("use_pdl", [False, True])
+def test_norm_folded_into_the_gemvs(T, use_pdl):
+    """plugins/gemm/fused_norm.py on the GPU: the GEMV adding into the residual stream gives
+    the add + RMSNorm kernel's residual bits, the next GEMV normalizing as it loads matches
+    the unfused chain (tests/fused_norm_checks.py), at the Llama o -> gate_up shapes."""
+    from fused_norm_checks import add_out_then_norm_in
+
+    add_out_then_norm_in(T, 4096, 4096, DEV, use_pdl)
+
+
+def test_norm_folding_edge_cases():
+    from fused_norm_checks import (
+        fallbacks_match,
+        fp8_norm_in_quantizes_after_the_norm,
+        large_sums_take_the_coarse_sum,
+        qkv_rope_norm_in,
+        sums_do_not_depend_on_the_programs,
+        swiglu_down_adds,
+    )
+
+    sums_do_not_depend_on_the_programs(DEV)
+    large_sums_take_the_coarse_sum(DEV)
+    fallbacks_match(DEV)
+    for T in (1, 2):
+        swiglu_down_adds(T, DEV)
+        fp8_norm_in_quantizes_after_the_norm(T, DEV)
+        qkv_rope_norm_in(T, DEV)

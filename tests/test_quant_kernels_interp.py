@@ -141,7 +141,7 @@ else:
         gated = []
         real = cuda_fp8.launch_gemv
         monkeypatch.setattr(
-            cuda_fp8, "launch_gemv", lambda *a: gated.append(a[5]) or real(*a)
+            cuda_fp8, "launch_gemv", lambda *a, **kw: gated.append(a[5]) or real(*a, **kw)
         )  # a[5]: gated
         torch.manual_seed(5)
         max_m = tactic.as_dict()["max_m"]

@@ -34,6 +34,7 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
+from .fused_norm import AddOut, NormIn, add_output, normed_input
 
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
 
@@ -99,17 +100,34 @@ def _gemv_fma(
     VEC: tl.constexpr,
     GATED: tl.constexpr,
     QUANT_X: tl.constexpr,
+    NORM: tl.constexpr,
+    wn_ptr,
+    rstd,
 ):
-    """acc + the products of the weight chunk wt (already loaded) with x's chunk at k0."""
+    """acc + the products of the weight chunk wt (already loaded) with x's chunk at k0.
+    NORM: x is the residual stream, normalized as loaded (rstd [BLOCK_M], the norm's weight
+    at wn_ptr; fused_norm.py)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
     if MASKED:
-        km = (k0 + tl.arange(0, BLOCK_K)) < K
+        km = rk < K
         xt = tl.load(x_ptrs + k0, mask=km[None, :], other=0.0)
         if GATED:
             ut = tl.load(x_ptrs + K + k0, mask=km[None, :], other=0.0)
+        if NORM:
+            wn = tl.load(wn_ptr + rk, mask=km, other=0.0)
     else:
         xt = tl.load(x_ptrs + k0)
         if GATED:
             ut = tl.load(x_ptrs + K + k0)
+        if NORM:
+            wn = tl.load(wn_ptr + rk)
+    if NORM:
+        # as the add + RMSNorm kernel: rounded to the model dtype after the scale, then after
+        # the weight (and, QUANT_X, quantized as the norm-quantize kernel would)
+        h = (xt.to(tl.float32) * rstd[:, None]).to(xt.dtype)
+        xt = (h.to(tl.float32) * wn.to(tl.float32)[None, :]).to(xt.dtype)
+        if QUANT_X:
+            xt = quant_fp8(xt.to(tl.float32), sx)
     if GATED:
         # x rows are [gate | up]: silu(gate) * up in fp32, rounded once to the model dtype,
         # exactly as the SwiGLU kernel would have written it (and, QUANT_X, quantized with the
@@ -121,6 +139,19 @@ def _gemv_fma(
     w4 = tl.reshape(wt.to(tl.float32), [1, BLOCK_N, BLOCK_K // VEC, VEC])
     x4 = tl.reshape(xt.to(tl.float32), [BLOCK_M, 1, BLOCK_K // VEC, VEC])
     return acc + tl.sum(w4 * x4, axis=3)
+
+
+@triton.jit
+def _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """RMSNorm's 1 / rms [BLOCK_M] of rows rm_c from their fixed-point sums of squares
+    (fused_norm.py: the fine sum in 2^-32 units, the coarse one once it reaches 2^30)."""
+    if NORM:
+        fine = tl.load(ss_ptr + rm_c).to(tl.float32) * (1.0 / 4294967296.0)
+        coarse = tl.load(ss_ptr + sss + rm_c)
+        ss = tl.where(coarse < 1073741824, fine, coarse.to(tl.float32))
+        return 1.0 / tl.sqrt(ss / K + eps)
+    else:
+        return tl.full([BLOCK_M], 1.0, tl.float32)
 
 
 @triton.jit
@@ -143,11 +174,18 @@ def gemv_acc(
     PDL: tl.constexpr,
     QUANT_X: tl.constexpr,
     PRE: tl.constexpr = 1,
+    NORM: tl.constexpr = False,
+    wn_ptr=None,
+    ss_ptr=None,
+    sss=0,
+    eps=0.0,
 ):
     """[BLOCK_M, BLOCK_N] fp32 sums of x's first T rows (rows past T re-read row 0) times the
     weight rows rn_c (every index valid), over K: the loop of `_gemv_kernel`, shared with the
     kernels that put their own epilogue after it (plugins/gemm/qkv_rope.py). PDL: the first
-    PRE chunks (1, 2 or 4; `prefetch_chunks`) are loaded before the wait."""
+    PRE chunks (1, 2 or 4; `prefetch_chunks`) are loaded before the wait. NORM: x is the
+    residual stream, RMSNorm-ed with the norm weight at wn_ptr as it is loaded, its rows'
+    fixed-point sums of squares at ss_ptr (fine, then coarse sss further; fused_norm.py)."""
     rm = tl.arange(0, BLOCK_M)
     rm_c = tl.where(rm < T, rm, 0)  # rows of x past T re-read row 0; masked at the store
     rk = tl.arange(0, BLOCK_K)
@@ -166,31 +204,34 @@ def gemv_acc(
             w2 = _load_w(w_ptrs, 2 * BLOCK_K, K, True, BLOCK_K)
             w3 = _load_w(w_ptrs, 3 * BLOCK_K, K, True, BLOCK_K)
         pdl_begin(PDL)
-        acc = _gemv_fma(
-            acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
+        rstd = _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)  # (after the wait)
+        acc = _gemv_fma(acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC,
+                        GATED, QUANT_X, NORM, wn_ptr, rstd)  # fmt: skip
         if PRE >= 2:
             acc = _gemv_fma(acc, w1, x_ptrs, BLOCK_K, K, sx, True,
-                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X, NORM, wn_ptr,
+                            rstd)  # fmt: skip
         if PRE >= 4:
             acc = _gemv_fma(acc, w2, x_ptrs, 2 * BLOCK_K, K, sx, True,
-                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X, NORM, wn_ptr,
+                            rstd)  # fmt: skip
             acc = _gemv_fma(acc, w3, x_ptrs, 3 * BLOCK_K, K, sx, True,
-                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X)  # fmt: skip
+                            BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X, NORM, wn_ptr,
+                            rstd)  # fmt: skip
+    else:
+        rstd = _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)
     # NOTE: never a lower bound past the upper one (PDL with K < START): the unrolled loop's
     # trip count then came out wrong and it read far past the weights (H200: illegal address
     # with tiny models; scripts/pdl_stress.py)
     k_end = tl.maximum(k_full, START)
     for k0 in tl.range(START, k_end, BLOCK_K, num_stages=STAGES, loop_unroll_factor=UNROLL):
         wt = _load_w(w_ptrs, k0, K, False, BLOCK_K)
-        acc = _gemv_fma(
-            acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
+        acc = _gemv_fma(acc, wt, x_ptrs, k0, K, sx, False, BLOCK_M, BLOCK_N, BLOCK_K, VEC,
+                        GATED, QUANT_X, NORM, wn_ptr, rstd)  # fmt: skip
     if k_full < K and k_full >= START:  # the tail, unless the first chunks were all of K
         wt = _load_w(w_ptrs, k_full, K, True, BLOCK_K)
-        acc = _gemv_fma(
-            acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X
-        )
+        acc = _gemv_fma(acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC,
+                        GATED, QUANT_X, NORM, wn_ptr, rstd)  # fmt: skip
     return tl.sum(acc, axis=2)
 
 
@@ -220,6 +261,13 @@ def _gemv_kernel(
     PDL: tl.constexpr = False,
     QUANT_X: tl.constexpr = False,
     PRE: tl.constexpr = 1,
+    NORM: tl.constexpr = False,
+    wn_ptr=None,
+    ss_ptr=None,
+    eps=0.0,
+    ADD_OUT: tl.constexpr = False,
+    sums_ptr=None,
+    sss=0,
 ):
     """out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) for m < T, n in this program's rows.
     GATED: x rows are [gate | up] (2K wide) and x[m, k] = silu(gate[m, k]) * up[m, k].
@@ -236,6 +284,12 @@ def _gemv_kernel(
     weight chunks before waiting for that kernel (`pdl_begin`), and x only after: the first
     DRAM round trips overlap the predecessor's tail (or all of a short kernel such as decode
     attention) instead of following it.
+
+    RMSNorm folded in (fused_norm.py): NORM: x is the residual stream, normalized as loaded
+    with the norm weight at wn_ptr and the rows' sums of squares at ss_ptr (QUANT_X: then
+    quantized with sx). ADD_OUT: out is the residual stream, and the result is added into it
+    (each element rounded to out's dtype first, as the GEMM's output), the rows' sums of
+    squares of the new values into sums_ptr (fine sums, then the coarse ones sss further).
     """
     K = K_v * VEC
     pid = tl.program_id(0)
@@ -250,13 +304,26 @@ def _gemv_kernel(
     y = gemv_acc(
         x_ptr, w_ptr, rn_c, T, K, sxm_v * VEC, swn_v * VEC, sx,
         BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, GATED, PDL, QUANT_X, PRE,
+        NORM, wn_ptr, ss_ptr, sss, eps,
     )  # fmt: skip
     if SCALED:
         y = y * (sx * tl.load(sw_ptr))
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     o_ptrs = out_ptr + rm[:, None] * som + rn[None, :]
-    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+    om = mm[:, None] & nm[None, :]
+    if ADD_OUT:
+        dt = out_ptr.dtype.element_ty
+        h = (y.to(dt).to(tl.float32) + tl.load(o_ptrs, mask=om, other=0.0).to(tl.float32)).to(dt)
+        tl.store(o_ptrs, h, mask=om)
+        h = tl.where(om, h.to(tl.float32), 0.0)
+        share = tl.sum(h * h, axis=1)  # [BLOCK_M]: this program's columns
+        # fixed point: the sums do not depend on the programs' order (fused_norm.py)
+        tl.atomic_add(sums_ptr + rm, (share * 4294967296.0 + 0.5).to(tl.int64), mask=mm,
+                      sem="relaxed")  # fmt: skip
+        tl.atomic_add(sums_ptr + sss + rm, (share + 0.5).to(tl.int64), mask=mm, sem="relaxed")
+    else:
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=om)
 
 
 def _cublas(x, weight, bias, out):
@@ -284,19 +351,38 @@ def _cublas_call(x, weight, bias, out):
 _GEMV_DEVICES = ("cuda", "meta") + (("cpu",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
 
 
-def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=None) -> bool:
+def gemv_rows(max_m: int) -> int:
+    """The most rows of x a tactic with this max_m runs on the GEMV kernel (0: none): the
+    batches a decoder may fold its norms into the GEMVs for (fused_norm.py)."""
+    return min(max_m, _MAX_BLOCK_M)
+
+
+def gemv_ok(
+    x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=None,
+    norm: NormIn | None = None,
+) -> bool:  # fmt: skip
     """Shapes/layouts the GEMV kernel takes: a few rows of x, 16-byte aligned rows (K a
     multiple of 16 bytes: every real model; anything else goes to cuBLAS). gated: x is
-    [gate | up], twice weight's K wide. FP8 weights (with FP8 x, or gated x in the model
-    dtype, quantized on load) give `out_dtype`."""
+    [gate | up], twice weight's K wide. FP8 weights (with FP8 x, or gated or normed x in the
+    model dtype, quantized on load) give `out_dtype`. norm: x is normalized on load (its
+    weight contiguous, x's dtype)."""
     T = x.shape[0] if x.dim() == 2 else 0
     vec = 16 // weight.element_size()
     f8, halves = torch.float8_e4m3fn, (torch.bfloat16, torch.float16)
+    on_load = gated or norm is not None  # x computed from what is loaded: model dtype only
     dtypes_ok = (
-        (x.dtype in halves and weight.dtype == x.dtype)  # plain (gated or not)
-        or (x.dtype == f8 and weight.dtype == f8 and not gated)  # FP8, x quantized before
-        or (gated and x.dtype in halves and weight.dtype == f8)  # FP8, x quantized on load
+        (x.dtype in halves and weight.dtype == x.dtype)  # plain (gated or normed or not)
+        or (x.dtype == f8 and weight.dtype == f8 and not on_load)  # FP8, x quantized before
+        or (on_load and x.dtype in halves and weight.dtype == f8)  # FP8, x quantized on load
     )
+    if norm is not None and (
+        norm.weight.dtype != x.dtype
+        or norm.weight.shape != (x.shape[-1],)
+        or norm.weight.stride(0) != 1
+        or norm.sums.shape != (2, T)
+        or norm.sums.stride(1) != 1
+    ):
+        return False
     out_dtype = out_dtype or x.dtype
     return (
         x.dim() == 2
@@ -319,17 +405,30 @@ def gemv_ok(x, weight, bias, out, max_m: int, gated: bool = False, out_dtype=Non
 
 
 def launch_gemv(
-    x, weight, bias, out, params, gated: bool, scales=None, out_dtype=None
-) -> torch.Tensor:
+    x, weight, bias, out, params, gated: bool, scales=None, out_dtype=None,
+    norm: NormIn | None = None, add: AddOut | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The GEMV kernel (`gemv_ok` must hold). scales: (x scale, weight scale) of FP8 weights;
-    gated x in the model dtype is then quantized with the x scale as it is loaded."""
+    gated or normed x in the model dtype is then quantized with the x scale as it is loaded.
+    norm / add: the RMSNorm folded in (fused_norm.py); with `add` the residual is returned."""
     T = x.shape[0]
     N, K = weight.shape
-    if out is None:
+    if add is not None:
+        out = add.residual
+    elif out is None:
         out = torch.empty((T, N), dtype=out_dtype or x.dtype, device=x.device)
     bn = int(params["block_n"])
     vec = 16 // weight.element_size()
     sx, sw = scales if scales is not None else (weight, weight)
+    folded = {}
+    if norm is not None:
+        folded |= dict(NORM=True, wn_ptr=norm.weight, ss_ptr=norm.sums, eps=float(norm.eps))
+    if add is not None:
+        folded |= dict(ADD_OUT=True, sums_ptr=add.sums, sss=add.sums.stride(0))
+    if norm is not None and add is not None and norm.sums.stride(0) != add.sums.stride(0):
+        raise ValueError("fused norm: the NormIn and AddOut sums must share a layout")
+    if norm is not None:
+        folded.setdefault("sss", norm.sums.stride(0))
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x,
         weight,
@@ -356,6 +455,7 @@ def launch_gemv(
         num_warps=int(params["num_warps"]),
         num_stages=1,
         **gemv_pdl_options(K, weight.element_size(), params),
+        **folded,
     )
     return out
 
@@ -392,12 +492,20 @@ def make_linear(tactic: Tactic | None = None):
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        *,
+        norm: NormIn | None = None,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
-        """x: [T, K], weight: [N, K], bias: [N] | None -> [T, N] (written into `out` if given)."""
-        if not max_m or not gemv_ok(x, weight, bias, out, max_m):
-            return _cublas(x, weight, bias, out)
-        return launch_gemv(x, weight, bias, out, params, gated=False)
+        """x: [T, K], weight: [N, K], bias: [N] | None -> [T, N] (written into `out` if given).
+        norm / add: the RMSNorm folded in (fused_norm.py; `add` returns the residual)."""
+        out = add.residual if add is not None else out
+        if max_m and gemv_ok(x, weight, bias, out, max_m, norm=norm):
+            return launch_gemv(x, weight, bias, out, params, False, norm=norm, add=add)
+        y = _cublas(normed_input(x, norm) if norm is not None else x, weight, bias,
+                    None if add is not None else out)  # fmt: skip
+        return add_output(y, add) if add is not None else y
 
+    linear.gemv_rows = gemv_rows(max_m)
     return linear
 
 
@@ -413,13 +521,20 @@ def make_swiglu_linear(tactic: Tactic | None = None):
     linear = make_linear(tactic)
 
     def swiglu_linear(
-        gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        gate_up: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
-        """gate_up: [T, 2I] (gate, then up), weight: [N, I] -> silu(gate) * up @ weight^T."""
-        if max_m and gemv_ok(gate_up, weight, bias, None, max_m, gated=True):
-            return launch_gemv(gate_up, weight, bias, None, params, gated=True)
-        return linear(swiglu(gate_up), weight, bias)
+        """gate_up: [T, 2I] (gate, then up), weight: [N, I] -> silu(gate) * up @ weight^T.
+        add: added into the residual stream instead (fused_norm.py), which is returned."""
+        out = add.residual if add is not None else None
+        if max_m and gemv_ok(gate_up, weight, bias, out, max_m, gated=True):
+            return launch_gemv(gate_up, weight, bias, None, params, True, add=add)
+        return linear(swiglu(gate_up), weight, bias, add=add)
 
+    swiglu_linear.gemv_rows = linear.gemv_rows
     return swiglu_linear
 
 

@@ -25,6 +25,7 @@ from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
 from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, gemv_pdl_options, make_linear
+from .fused_norm import NormIn, normed_input
 from .reference import unfused_qkv_rope
 
 # the GEMV tactics (the first is the cross-build default, as for the gemm plugin); the builder
@@ -89,8 +90,14 @@ def _qkv_rope_kernel(
     UNROLL: tl.constexpr,
     PDL: tl.constexpr = False,
     PRE: tl.constexpr = 1,
+    NORM: tl.constexpr = False,
+    wn_ptr=None,
+    ss_ptr=None,
+    sss=0,
+    eps=0.0,
 ):
-    """Grid: (HQ + 2 HKV) heads x HALF / (BLOCK_N / 2) programs; every row index is valid."""
+    """Grid: (HQ + 2 HKV) heads x HALF / (BLOCK_N / 2) programs; every row index is valid.
+    NORM: x is the residual stream, RMSNorm-ed as loaded (`gemv_acc`, fused_norm.py)."""
     HB: tl.constexpr = BLOCK_N // 2
     PER_HEAD: tl.constexpr = HALF // HB
     pid = tl.program_id(0)
@@ -121,6 +128,7 @@ def _qkv_rope_kernel(
     y = gemv_acc(
         x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, 1.0,
         BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, False, PRE,
+        NORM, wn_ptr, ss_ptr, sss, eps,
     )  # fmt: skip
     if HAS_BIAS:
         y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
@@ -146,7 +154,7 @@ def _qkv_rope_kernel(
                      KV_FP8, dt)  # fmt: skip
 
 
-def fusable(x, weight, bias, num_heads, num_kv_heads, params) -> bool:
+def fusable(x, weight, bias, num_heads, num_kv_heads, params, norm=None) -> bool:
     """Whether the fused kernel takes this call (else the GEMM then the RoPE + KV write)."""
     max_m = int(params.get("max_m", 0))
     heads = num_heads + 2 * num_kv_heads
@@ -158,7 +166,7 @@ def fusable(x, weight, bias, num_heads, num_kv_heads, params) -> bool:
         weight.dtype == x.dtype
         and hb > 0
         and half % hb == 0
-        and gemv_ok(x, weight, bias, None, max_m)
+        and gemv_ok(x, weight, bias, None, max_m, norm=norm)
     )
 
 
@@ -182,15 +190,18 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
         *,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        norm: NormIn | None = None,
     ) -> torch.Tensor:
         """`reference.qkv_rope_linear`'s contract: x [T, K] -> the rotated q [T, Hq, hd]; the
-        rotated k and v are written into the caches at slot_mapping (slots < 0 skipped)."""
+        rotated k and v are written into the caches at slot_mapping (slots < 0 skipped).
+        norm: x is the residual stream, RMSNorm-ed as it is loaded (fused_norm.py)."""
         T = x.shape[0]
         hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
-        if not fusable(x, weight, bias, num_heads, num_kv_heads, params):
+        if not fusable(x, weight, bias, num_heads, num_kv_heads, params, norm):
             return unfused_qkv_rope(
-                linear, rope_write_kv, x, weight, bias, positions, cos, sin, k_cache, v_cache,
-                slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
+                linear, rope_write_kv, normed_input(x, norm) if norm is not None else x,
+                weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+                num_kv_heads, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         if cos.stride(-1) != 1 or sin.stride() != cos.stride():
             raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")
@@ -202,6 +213,10 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
         bn = int(params["block_n"])
         fp8 = k_scale is not None and v_scale is not None
         grid = ((num_heads + 2 * num_kv_heads) * (hd // bn),)
+        folded = {}
+        if norm is not None:
+            folded = dict(NORM=True, wn_ptr=norm.weight, ss_ptr=norm.sums,
+                          sss=norm.sums.stride(0), eps=float(norm.eps))  # fmt: skip
         _qkv_rope_kernel[grid](
             x, weight, bias if bias is not None else weight, positions, cos, sin, q,
             k_cache, v_cache, slot_mapping,
@@ -224,7 +239,9 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
             num_warps=int(params["num_warps"]),
             num_stages=1,
             **gemv_pdl_options(weight.shape[1], weight.element_size(), params),
+            **folded,
         )  # fmt: skip
         return q
 
+    qkv_rope_linear.gemv_rows = linear.gemv_rows
     return qkv_rope_linear

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..gemm.cuda import gemv_ok, gemv_tactic, launch_gemv
+from ..gemm.cuda import gemv_ok, gemv_rows, gemv_tactic, launch_gemv
+from ..gemm.fused_norm import AddOut, NormIn, add_output, normed_input
 from ..registry import Tactic
 from .reference import fp8_matmul, fp8_operand
 from .triton_quantize import QUANTIZE_TACTICS, quantize_fp8
@@ -70,12 +71,25 @@ def make_fp8_linear(tactic: Tactic | None = None):
         bias: torch.Tensor | None = None,
         *,
         out_dtype: torch.dtype | None = None,
+        norm: NormIn | None = None,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
         """x: [T, K] (model dtype, or float8_e4m3fn already quantized with input_scale by a
-        fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N]."""
+        fused producer; then pass out_dtype), weight: [N, K] fp8, scales float32 [] -> [T, N].
+        norm / add: the RMSNorm folded in (gemm/fused_norm.py; x the residual stream with
+        `norm`, quantized after the norm; `add` returns the residual)."""
+        scales = (input_scale, weight_scale)
+        if norm is not None or add is not None:
+            out_dtype = out_dtype or x.dtype
+            out = add.residual if add is not None else None
+            if max_m and gemv_ok(x, weight, bias, out, max_m, out_dtype=out_dtype, norm=norm):
+                return launch_gemv(x, weight, bias, None, params, False, scales, out_dtype,
+                                   norm=norm, add=add)  # fmt: skip
+            x = normed_input(x, norm) if norm is not None else x
+            y = fp8_linear(x, weight, weight_scale, input_scale, bias, out_dtype=out_dtype)
+            return add_output(y, add) if add is not None else y
         xq, out_dtype = fp8_operand(x, input_scale, out_dtype, quantize)
         if max_m and gemv_ok(xq, weight, bias, None, max_m, out_dtype=out_dtype):
-            scales = (input_scale, weight_scale)
             return launch_gemv(xq, weight, bias, None, params, False, scales, out_dtype)
         if not _scaled_mm_ok(xq, weight, out_dtype):
             return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
@@ -93,6 +107,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
             y = (y + bias.float()).to(out_dtype)
         return y
 
+    fp8_linear.gemv_rows = gemv_rows(max_m)  # batches whose norms may be folded in
     return fp8_linear
 
 
@@ -115,12 +130,18 @@ def make_fp8_swiglu_linear(tactic: Tactic | None = None):
         bias: torch.Tensor | None = None,
         *,
         out_dtype: torch.dtype | None = None,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
+        """add: the output added into the residual stream (gemm/fused_norm.py), returned."""
         out_dtype = out_dtype or gate_up.dtype
-        if max_m and gemv_ok(gate_up, weight, bias, None, max_m, True, out_dtype):
+        out = add.residual if add is not None else None
+        if max_m and gemv_ok(gate_up, weight, bias, out, max_m, True, out_dtype):
             scales = (input_scale, weight_scale)
-            return launch_gemv(gate_up, weight, bias, None, params, True, scales, out_dtype)
+            return launch_gemv(gate_up, weight, bias, None, params, True, scales, out_dtype,
+                               add=add)  # fmt: skip
         act = swiglu_q(gate_up, input_scale)
-        return linear(act, weight, weight_scale, input_scale, bias, out_dtype=out_dtype)
+        y = linear(act, weight, weight_scale, input_scale, bias, out_dtype=out_dtype)
+        return add_output(y, add) if add is not None else y
 
+    fp8_swiglu_linear.gemv_rows = linear.gemv_rows
     return fp8_swiglu_linear

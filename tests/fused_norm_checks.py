@@ -1,0 +1,192 @@
+"""The RMSNorm folded into the decode GEMVs (plugins/gemm/fused_norm.py), checked against the
+unfused ops: the add + RMSNorm kernel between two GEMVs. Run on the CPU by Triton's interpreter
+(tests/test_fused_norm_interp.py) and on the GPU (tests/test_gpu_gemv.py)."""
+
+from __future__ import annotations
+
+import torch
+from kernel_checks import rel_err
+
+from ingot.plugins import pdl
+from ingot.plugins.gemm import cuda
+from ingot.plugins.gemm.fused_norm import AddOut, NormIn, new_sums, normed_input, row_sums
+from ingot.plugins.norm.reference import rms_norm
+from ingot.plugins.norm.triton_kernels import make_add_rms_norm, make_rms_norm
+
+F8 = torch.float8_e4m3fn
+
+
+def gemv_tactics(rows: int):
+    """The GEMV tactics that take `rows` rows of x: the narrowest and the widest."""
+    cands = [t for t in cuda.GEMM_TACTICS if cuda.gemv_rows(t.as_dict().get("max_m", 0)) >= rows]
+    return [min(cands, key=lambda t: t.as_dict()["block_n"]),
+            max(cands, key=lambda t: t.as_dict()["block_n"])]  # fmt: skip
+
+
+def _inputs(T, K, N, device, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(dtype).to(device)
+
+    return dict(y_in=r(T, K), w_o=r(N, K, s=K**-0.5), residual=r(T, N, s=4.0),
+                norm_w=(1 + r(N, s=0.2).float()).to(dtype), w_next=r(64, N, s=N**-0.5))  # fmt: skip
+
+
+def add_out_then_norm_in(T: int, K: int, N: int, device, use_pdl: bool = False) -> None:
+    """o -> add + RMSNorm -> gate_up, unfused (GEMV, norm kernel, GEMV) and folded (GEMV adding
+    into the residual, GEMV normalizing as it loads): the same residual bits, sums of squares
+    within fp32 rounding of the exact ones, the next GEMV's output within bf16 rounding."""
+    for tactic in gemv_tactics(T):
+        linear = cuda.make_linear(tactic)
+        a = _inputs(T, K, N, device)
+        eps = 1e-5
+        with pdl.scope(use_pdl):
+            o = linear(a["y_in"], a["w_o"])
+            x_ref, res_ref = make_add_rms_norm(None)(o, a["residual"].clone(), a["norm_w"], eps)
+            out_ref = linear(x_ref, a["w_next"])
+
+            sums = new_sums(1, T, device)[0]
+            res = a["residual"].clone()
+            got = linear(a["y_in"], a["w_o"], add=AddOut(res, sums))
+            assert got is res
+            assert torch.equal(res, res_ref), tactic.name
+            exact = res.double().pow(2).sum(-1)
+            ss = row_sums(sums).double()
+            assert ((ss - exact).abs() <= 1e-6 * exact + 1e-9).all(), (ss, exact)
+            out = linear(res, a["w_next"], norm=NormIn(a["norm_w"], eps, sums))
+        assert rel_err(out, out_ref) < 1e-2, tactic.name
+        # the x the folded GEMV multiplies (its math in torch) against the reference norm's:
+        # the fixed-point sums move rstd by its last bits at most, so an ulp here and there
+        x_folded = normed_input(res, NormIn(a["norm_w"], eps, sums))
+        x_torch = rms_norm(res, a["norm_w"], eps)
+        diff = (x_folded.float() - x_torch.float()).abs()
+        assert (diff <= x_torch.float().abs() * 2**-7).all()
+        assert (diff > 0).float().mean() < 0.02, (diff > 0).float().mean()
+
+
+def sums_do_not_depend_on_the_programs(device) -> None:
+    """The same AddOut twice, from zero: the same fixed-point sums, to the bit."""
+    tactic = gemv_tactics(1)[0]
+    a = _inputs(1, 96, 256, device, seed=3)
+    out = []
+    for _ in range(2):
+        sums, res = new_sums(1, 1, device)[0], a["residual"].clone()
+        cuda.make_linear(tactic)(a["y_in"], a["w_o"], add=AddOut(res, sums))
+        out.append(sums.clone())
+    assert torch.equal(out[0], out[1])
+
+
+def large_sums_take_the_coarse_sum(device) -> None:
+    """A residual stream whose sum of squares passes 2^31 (the fine sum's range): the coarse
+    sum stands in, within its rounding of one per program share."""
+    tactic = gemv_tactics(1)[0]
+    a = _inputs(1, 64, 128, device, seed=5)
+    res = (a["residual"].float() * 8000).to(torch.bfloat16)
+    sums = new_sums(1, 1, device)[0]
+    cuda.make_linear(tactic)(a["y_in"], a["w_o"], add=AddOut(res, sums))
+    exact = res.double().pow(2).sum(-1)
+    assert exact.item() > 2**31
+    assert (row_sums(sums).double() - exact).abs().item() <= 1e-6 * exact.item()
+    linear = cuda.make_linear(tactic)
+    out = linear(res, a["w_next"], norm=NormIn(a["norm_w"], 1e-5, sums))
+    ref = linear(make_rms_norm(None)(res, a["norm_w"], 1e-5), a["w_next"])
+    assert rel_err(out, ref) < 1e-2
+
+
+def fallbacks_match(device) -> None:
+    """Calls the GEMV kernel does not take (more rows than the tactic's max_m, a cuBLAS
+    tactic) give what the folded kernel gives, through the unfused math."""
+    T, K, N = 1, 64, 128
+    gemv, cublas = gemv_tactics(1)[0], next(t for t in cuda.GEMM_TACTICS if t.name == "cublas")
+    # NOTE: fp16: the interpreter rounds to bf16 by truncation, 1e-2 off cuBLAS on its own
+    a = _inputs(T, K, N, device, torch.float16, seed=7)
+    results = []
+    for tactic in (gemv, cublas):
+        linear = cuda.make_linear(tactic)
+        sums, res = new_sums(1, T, device)[0], a["residual"].clone()
+        linear(a["y_in"], a["w_o"], add=AddOut(res, sums))
+        out = linear(res, a["w_next"], norm=NormIn(a["norm_w"], 1e-5, sums))
+        exact = res.double().pow(2).sum(-1)
+        assert torch.allclose(row_sums(sums).double(), exact, rtol=1e-6)
+        results.append((res, out))
+    (r1, o1), (r2, o2) = results  # the GEMMs sum in their own orders: bf16 rounding apart
+    assert rel_err(r2, r1) < 1e-2
+    assert rel_err(o2, o1) < 1e-2
+
+
+def swiglu_down_adds(T: int, device) -> None:
+    """The down projection with SwiGLU fused in, adding into the residual stream: the bits of
+    SwiGLU-down then the residual add."""
+    tactic = gemv_tactics(T)[0]
+    g = torch.Generator(device="cpu").manual_seed(11)
+    dt = torch.float16  # (the interpreter truncates to bf16; the add here rounds to nearest)
+    gate_up = torch.randn(T, 2 * 96, generator=g).to(dt).to(device)
+    w = (torch.randn(128, 96, generator=g) * 0.1).to(dt).to(device)
+    residual = torch.randn(T, 128, generator=g).to(dt).to(device)
+    fn = cuda.make_swiglu_linear(tactic)
+    y = fn(gate_up, w)
+    sums, res = new_sums(1, T, device)[0], residual.clone()
+    assert fn(gate_up, w, add=AddOut(res, sums)) is res
+    assert torch.equal(res, (y.float() + residual.float()).to(dt))
+
+
+def fp8_norm_in_quantizes_after_the_norm(T: int, device) -> None:
+    """FP8 GEMV with the norm folded in: x normalized, then quantized with the input scale as
+    loaded; the norm-quantize kernel then the FP8 GEMV give the same result (fp8 bits of x
+    equal wherever the normalized bf16 value is)."""
+    from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS, make_fp8_linear
+    from ingot.plugins.quant.triton_quantize import make_rms_norm_quant_fp8
+
+    tactic = next(t for t in FP8_GEMM_TACTICS if cuda.gemv_rows(t.as_dict().get("max_m", 0)) >= T)
+    K, N = 128, 64
+    a = _inputs(T, 64, K, device, seed=13)
+    g = torch.Generator(device="cpu").manual_seed(17)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(F8).to(device)
+    ws = torch.tensor(0.02, device=device)
+    xs = torch.tensor(0.05, device=device)
+    fp8 = make_fp8_linear(tactic)
+    linear = cuda.make_linear(gemv_tactics(T)[0])
+    o = linear(a["y_in"], a["w_o"])
+    xq, res_ref = make_rms_norm_quant_fp8(None)(o, a["norm_w"], 1e-5, xs, a["residual"].clone())
+    assert xq.dtype == F8
+    ref = fp8(xq, w, ws, xs, out_dtype=torch.bfloat16)
+    sums, res = new_sums(1, T, device)[0], a["residual"].clone()
+    linear(a["y_in"], a["w_o"], add=AddOut(res, sums))
+    assert torch.equal(res, res_ref)
+    got = fp8(res, w, ws, xs, out_dtype=torch.bfloat16, norm=NormIn(a["norm_w"], 1e-5, sums))
+    assert rel_err(got, ref) < 5e-2
+
+
+def qkv_rope_norm_in(T: int, device) -> None:
+    """The QKV GEMV with RoPE + KV write in its epilogue, normalizing x as it loads it: q and
+    the caches as the norm kernel, then the same kernel, give them (within bf16 rounding)."""
+    from ingot.plugins.attention.layout import v_like
+    from ingot.plugins.gemm.qkv_rope import QKV_ROPE_TACTICS, fusable, make_qkv_rope_linear
+    from ingot.plugins.rope import reference as rope_ref
+
+    tactic = next(t for t in QKV_ROPE_TACTICS if cuda.gemv_rows(t.as_dict()["max_m"]) >= T)
+    heads, kv_heads, hd, bs = 4, 2, 16, 16
+    a = _inputs(T, 64, 128, device, seed=19)
+    g = torch.Generator(device="cpu").manual_seed(23)
+    w = (torch.randn((heads + 2 * kv_heads) * hd, 128, generator=g) * 0.1).to(torch.bfloat16)
+    w = w.to(device)
+    cos, sin = (t.to(device) for t in rope_ref.cos_sin_cache(rope_ref.inv_freq(hd, 1e4), 64))
+    pos = torch.arange(T, dtype=torch.int32, device=device) + 5
+    slots = torch.arange(T, dtype=torch.int32, device=device) + 3
+    linear, fn = cuda.make_linear(gemv_tactics(T)[0]), make_qkv_rope_linear(tactic)
+    o = linear(a["y_in"], a["w_o"])
+    x_ref, res_ref = make_add_rms_norm(None)(o, a["residual"].clone(), a["norm_w"], 1e-5)
+    sums, res = new_sums(1, T, device)[0], a["residual"].clone()
+    linear(a["y_in"], a["w_o"], add=AddOut(res, sums))
+    assert torch.equal(res, res_ref)
+    norm = NormIn(a["norm_w"], 1e-5, sums)
+    assert fusable(res, w, None, heads, kv_heads, tactic.as_dict(), norm)
+    runs = []
+    for x, kw in ((x_ref, {}), (res, {"norm": norm})):
+        kc = torch.zeros(2, bs, kv_heads, hd, dtype=torch.bfloat16, device=device)
+        vc = v_like(kc)
+        q = fn(x, w, None, pos, cos, sin, kc, vc, slots, heads, kv_heads, **kw)
+        runs.append((q, kc, vc))
+    for want, got in zip(*runs, strict=True):
+        assert rel_err(got, want) < 1e-2
