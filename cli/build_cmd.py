@@ -58,6 +58,14 @@ def build_engine_cmd(
         "batches and prefills run without it. [preset, else on for engines with unquantized "
         "weights on sm_90+ targets]",
     ),
+    fused_norms: bool = typer.Option(
+        None,
+        "--fused-norms/--no-fused-norms",
+        help="Fold the residual add + RMSNorm into the decode GEMVs of small batches (GPU "
+        "targets; unquantized and FP8 engines, tp 1): the GEMV before each norm adds into the "
+        "residual stream, the one after normalizes as it loads, two kernel launches fewer per "
+        "layer. Not yet timed on a GPU. [preset, else off]",
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
     ),
@@ -78,6 +86,7 @@ def build_engine_cmd(
         "max_num_tokens": max_num_tokens,
         "tokens_per_block": tokens_per_block,
         "pdl": pdl,
+        "fused_norms": fused_norms,
     }
     with progress_bar() as progress:
         out = build_engine(

@@ -59,6 +59,7 @@ def inspect_engine_cmd(
         f"build         max_batch_size {b.max_batch_size}, max_seq_len {b.max_seq_len}, "
         f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
         + (", programmatic dependent launch" if b.pdl else "")
+        + (", norms folded into the decode GEMVs" if b.fused_norms else "")
     )
     phases = (cfg.extra or {}).get("build_seconds")
     if phases:  # engines built before it do not record them

@@ -163,6 +163,10 @@ class BuildConfig:
     # for engines with unquantized weights on sm_90+ targets unless told otherwise
     # (compiler/build.py: resolve_build_config)
     pdl: bool = False
+    # RMSNorm folded into the decode GEMVs of small batches (plugins/gemm/fused_norm.py): the
+    # GEMV before a norm adds into the residual stream, the one after normalizes as it loads
+    # x; no norm kernels between them. Off unless asked for (not yet timed on a GPU).
+    fused_norms: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "tokens_per_block"):
@@ -172,7 +176,13 @@ class BuildConfig:
             self.target == "cpu" or self.target.startswith("sm_"),
             f"target {self.target!r} must be 'cpu' or like 'sm_90'",
         )
-        _require(isinstance(self.pdl, bool), f"pdl must be true or false, got {self.pdl!r}")
+        for name in ("pdl", "fused_norms"):
+            v = getattr(self, name)
+            _require(isinstance(v, bool), f"{name} must be true or false, got {v!r}")
+        _require(
+            not self.fused_norms or self.target != "cpu",
+            "fused_norms folds the norms into the GPU GEMV kernels: it needs a GPU target",
+        )
         _require(
             not self.pdl or pdl_capable(self.target),
             f"pdl needs an sm_90 or newer target (programmatic dependent launch), "

@@ -12,7 +12,7 @@ import torch
 
 from .config import QuantConfig
 
-Linear = Callable[[torch.Tensor], torch.Tensor]
+Linear = Callable[..., torch.Tensor]
 
 
 def make_linear(
@@ -24,17 +24,20 @@ def make_linear(
 ) -> Linear:
     """The callable computing `prefix` (e.g. "layers.0.attn.qkv"): x [T, K] -> [T, N].
     FP8: x may arrive already quantized (fp8 from a fused norm / SwiGLU); the output is then
-    `out_dtype` (the model dtype)."""
+    `out_dtype` (the model dtype). Unquantized and FP8 ones take `norm=` / `add=`, a norm
+    folded in (plugins/gemm/fused_norm.py)."""
     weight = weights[prefix + ".weight"]
     bias = weights.get(prefix + ".bias")
     site = prefix.split(".", 2)[-1]  # "layers.3.attn.qkv" -> "attn.qkv"
     if quant.mode == "none":
         gemm = ops.at("gemm", site)
-        return lambda x: gemm(x, weight, bias)
+        return lambda x, **folded: gemm(x, weight, bias, **folded)
     if quant.mode == "fp8":
         fp8 = ops.at("fp8_gemm", site)
         w_scale, in_scale = weights[prefix + ".weight_scale"], weights[prefix + ".input_scale"]
-        return lambda x: fp8(x, weight, w_scale, in_scale, bias, out_dtype=out_dtype)
+        return lambda x, **folded: fp8(
+            x, weight, w_scale, in_scale, bias, out_dtype=out_dtype, **folded
+        )
     if quant.mode == "int4_awq":
         w4 = ops.at("w4a16_gemm", site)
         scales = weights[prefix + ".weight_scale"]  # [N, K/G]

@@ -15,6 +15,7 @@ import torch
 
 from ingot.plugins import Tactic, get_spec, load, pdl, target_kind
 from ingot.plugins.attention.reference import decode_rows
+from ingot.plugins.gemm.fused_norm import AddOut, NormIn, new_sums
 
 from .config import ModelConfig, QuantConfig
 from .distributed import vocab_range
@@ -90,6 +91,8 @@ class Ops:
         kind = target_kind(cfg.target)
         # the forward pass's Triton kernels use programmatic dependent launch (plugins/pdl.py)
         self.pdl = cfg.build.pdl and kind == "cuda"
+        # the decode GEMVs fold the norms between them in (plugins/gemm/fused_norm.py)
+        self.fused_norms = cfg.build.fused_norms and kind == "cuda"
         self._fns: dict[tuple[str, str | None], Callable[..., Any]] = {}
         for choice in cfg.plugins:
             tactic = None
@@ -182,6 +185,26 @@ class Decoder:
             self._lm_head = lambda x, w: fp8(x, w, ws, xs, None, out_dtype=dtype)
         else:
             self._lm_head = ops.at("gemm", "lm_head")
+        self.fold_rows = self.norm_fold_rows(quant)
+
+    def norm_fold_rows(self, quant: QuantConfig) -> int:
+        """The largest pass (tokens) whose norms fold into the decode GEMVs around them
+        (plugins/gemm/fused_norm.py): the fewest rows any of a layer's four GEMV sites runs on
+        its GEMV kernel; 0: never (not asked for, tensor parallel: the partial sums meet in an
+        all-reduce first, or a site without a GEMV that folds, e.g. INT4's)."""
+        ops = self.ops
+        if not getattr(ops, "fused_norms", False) or self.comm is not None:
+            return 0
+        if quant.mode == "none":
+            sites = [self.qkv_rope or ops.at("gemm", "attn.qkv"), ops.at("gemm", "attn.o"),
+                     ops.at("gemm", "mlp.gate_up"),
+                     self.swiglu_down or ops.at("gemm", "mlp.down")]  # fmt: skip
+        elif quant.mode == "fp8" and self.fp8_attn_out and self.fp8_swiglu_down is not None:
+            sites = [ops.at("fp8_gemm", s) for s in ("attn.qkv", "attn.o", "mlp.gate_up")]
+            sites.append(self.fp8_swiglu_down)
+        else:
+            return 0
+        return min(getattr(fn, "gemv_rows", 0) for fn in sites)
 
     def _attention(
         self,
@@ -191,9 +214,14 @@ class Decoder:
         meta: AttnMetadata,
         kv: KVCache,
         rows: SampleRows | None = None,
+        norm: NormIn | None = None,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
         """Layer i's attention block: QKV, RoPE and the KV write for every row, then attention
-        and the o projection for every row, or for the sampling `rows` only."""
+        and the o projection for every row, or for the sampling `rows` only. norm / add: the
+        QKV GEMV normalizes x (the residual stream) as it loads it; the o GEMV adds into the
+        residual stream and returns it (plugins/gemm/fused_norm.py)."""
+        nk = {"norm": norm} if norm is not None else {}
         c, w, ops = self.cfg, self.w, self.ops
         p = f"layers.{i}.attn."
         k_cache, v_cache = kv.layer(i)
@@ -205,9 +233,10 @@ class Decoder:
             q = self.qkv_rope(
                 x, w[p + "qkv.weight"], w.get(p + "qkv.bias"), positions, self.cos, self.sin,
                 k_cache, v_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, **fp8,
+                **nk,
             )  # fmt: skip
-            return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q), rows)
-        qkv = self.linears[p + "qkv"](x)  # [T, qkv_size / tp]
+            return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q), rows, add)
+        qkv = self.linears[p + "qkv"](x, **nk)  # [T, qkv_size / tp]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, c.head_dim)
         k = k.reshape(-1, self.num_kv_heads, c.head_dim)
@@ -228,14 +257,14 @@ class Decoder:
         else:
             q, k = ops.rope(q, k, positions, self.cos, self.sin)
             ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
-        return self._attend(i, q, meta, k_cache, v_cache, attn_kw, rows)
+        return self._attend(i, q, meta, k_cache, v_cache, attn_kw, rows, add)
 
     def _attend(
-        self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw, rows=None
+        self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw, rows=None, add=None
     ) -> torch.Tensor:
         """Attention of the rotated q over the paged cache, then the o projection. rows: only
         the sampling rows' queries, each its sequence's last, attend (one query per sequence:
-        the decode kernel)."""
+        the decode kernel). add: the o projection adds into the residual stream (AddOut)."""
         c, ops = self.cfg, self.ops
         if rows is not None:
             q, meta = q.index_select(0, rows.rows), rows.meta(meta, k_cache.shape[1])
@@ -254,16 +283,23 @@ class Decoder:
                 num_decodes=meta.num_decodes,
                 **attn_kw,
             )
-            out = self.linears[f"layers.{i}.attn.o"](o.reshape(-1, self.q_size))  # [T, D] partial
+            ak = {"add": add} if add is not None else {}
+            out = self.linears[f"layers.{i}.attn.o"](o.reshape(-1, self.q_size), **ak)  # [T, D]
         if self.comm is not None:
             self.comm.all_reduce_(out)
         return out
 
-    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(
+        self, i: int, x: torch.Tensor, norm: NormIn | None = None, add: AddOut | None = None
+    ) -> torch.Tensor:
+        """Layer i's MLP. norm / add: gate_up normalizes x (the residual stream) as it loads
+        it, down adds into the residual stream and returns it (plugins/gemm/fused_norm.py)."""
         p = f"layers.{i}.mlp."
-        gate_up = self.linears[p + "gate_up"](x)  # [T, 2I / tp]
+        nk = {"norm": norm} if norm is not None else {}
+        ak = {"add": add} if add is not None else {}
+        gate_up = self.linears[p + "gate_up"](x, **nk)  # [T, 2I / tp]
         if self.swiglu_down is not None:
-            out = self.swiglu_down(gate_up, self.w[p + "down.weight"])
+            out = self.swiglu_down(gate_up, self.w[p + "down.weight"], **ak)
         elif self.fp8_swiglu_down is not None:
             w = self.w
             out = self.fp8_swiglu_down(
@@ -273,12 +309,13 @@ class Decoder:
                 w[p + "down.input_scale"],
                 w.get(p + "down.bias"),
                 out_dtype=self.dtype,
+                **ak,
             )
         elif self.fp8_fused:
             act = self.ops.swiglu_quant_fp8(gate_up, self.w[p + "down.input_scale"])
-            out = self.linears[p + "down"](act)
+            out = self.linears[p + "down"](act, **ak)
         else:
-            out = self.linears[p + "down"](self.ops.swiglu(gate_up))
+            out = self.linears[p + "down"](self.ops.swiglu(gate_up), **ak)
         if self.comm is not None:
             self.comm.all_reduce_(out)  # row-parallel down: [T, D] partial sums
         return out
@@ -331,10 +368,25 @@ class Decoder:
         h = self._embed(input_ids)
         residual = h
         x = self._norm(h, None, w["layers.0.attn_norm.weight"], "layers.0.attn.qkv")
+        # the first n_fold layers fold their norms into the GEMVs (plugins/gemm/fused_norm.py):
+        # o and down add into the residual stream, gate_up and the next QKV normalize it as
+        # they load it, from the sums of squares the GEMV before left (a slot each)
+        n_fold = self._folded_layers(input_ids.shape[0])
+        sums = new_sums(2 * n_fold, input_ids.shape[0], h.device) if n_fold else None
+        eps, norm_in = c.rms_norm_eps, None  # norm_in: what the next QKV normalizes x with
         for i in range(c.num_layers):
+            if i < n_fold:
+                nxt = w[f"layers.{i + 1}.attn_norm.weight"]
+                residual = self._attention(i, x, positions, meta, kv, None, norm_in,
+                                           AddOut(residual, sums[2 * i]))  # fmt: skip
+                mlp_in = NormIn(w[f"layers.{i}.mlp_norm.weight"], eps, sums[2 * i])
+                residual = self._mlp(i, residual, mlp_in, AddOut(residual, sums[2 * i + 1]))
+                x, norm_in = residual, NormIn(nxt, eps, sums[2 * i + 1])
+                continue
             # the last layer: QKV and the KV write for every row, the rest for the sampling rows
             last = rows if i + 1 == c.num_layers else None
-            a = self._attention(i, x, positions, meta, kv, last)
+            a = self._attention(i, x, positions, meta, kv, last, norm_in)
+            norm_in = None
             if last is not None:
                 residual = residual.index_select(0, last.rows)
             with self._rows_scope(last):
@@ -348,6 +400,12 @@ class Decoder:
                 else:
                     x, residual = self._norm(m, residual, w["final_norm.weight"], None)
         return x
+
+    def _folded_layers(self, tokens: int) -> int:
+        """How many layers of a pass over `tokens` run with their norms folded into the GEMVs:
+        all but the last (whose o projection, MLP and final norm may run on the sampling rows
+        alone), when the pass is small enough (`fold_rows`)."""
+        return self.cfg.num_layers - 1 if 0 < tokens <= self.fold_rows else 0
 
     def _rows_scope(self, rows: SampleRows | None):
         """Work on the sampling rows alone runs as a decode step of R rows does (PDL or not):

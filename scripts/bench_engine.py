@@ -191,13 +191,14 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
 # each; kernels a variant needs that the engine lacks compile at its first capture): the
 # engine as built (PDL on: the default); its PDL GEMVs loading one weight chunk before their
 # wait instead of up to four; its PDL kernels letting the next one be scheduled after their
-# wait instead of before; no PDL. Runs differ by a few % between calls, so a change worth less
+# wait instead of before; no PDL; the norms folded into the GEMVs (`--fused-norms`). Runs differ by a few % between calls, so a change worth less
 # than that is measured here, not across calls.
 AB_VARIANTS = {
     "engine": {},
     "prefetch_1": {"prefetch_bytes": 0},
     "trigger_after_wait": {"trigger": "after_wait"},
     "no_pdl": {"pdl": False},
+    "fused_norms": {"fused_norms": True},  # the norms folded into the GEMVs (build option)
 }
 
 
@@ -215,6 +216,7 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
         "pdl": dec.ops.pdl,
         "trigger": pdl.TRIGGER,
         "prefetch_bytes": gemm_cuda.PREFETCH_BYTES,
+        "fused_norms": dec.ops.fused_norms,
     }
     width = ex.scheduler.config.max_blocks_per_seq
 
@@ -224,6 +226,8 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
         dec.ops.pdl = changes.get("pdl", saved["pdl"])
         pdl.TRIGGER = changes.get("trigger", saved["trigger"])
         gemm_cuda.PREFETCH_BYTES = changes.get("prefetch_bytes", saved["prefetch_bytes"])
+        dec.ops.fused_norms = changes.get("fused_norms", saved["fused_norms"])
+        dec.fold_rows = dec.norm_fold_rows(ex.config.quant)
         ex.graphs = DecodeGraphs(dec, ex.kv, max_batch, width, b.max_seq_len, ex.device)
 
     out: dict[str, list[float]] = {k: [] for k in AB_VARIANTS}

@@ -9,6 +9,7 @@ the captured call into the captured output tensors. Everything else is the real 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -69,9 +70,76 @@ def check_swiglu_gemv() -> None:
         assert (unfused.float() - ref).abs().max() <= 1e-3 * ref.abs().max()
 
 
-def main(family: str, quant: str = "none") -> None:
+def _kept(into: list, make, *args):
+    """make(*args), appended to `into` too."""
+    into.append(make(*args))
+    return into[-1]
+
+
+def check_folded_norms(family: str, root: Path) -> None:
+    """A half-precision engine on the GPU plugins with the norms folded into the decode GEMVs
+    (plugins/gemm/fused_norm.py): batch-1 decode steps give the hidden states and KV cache of
+    the same decoder with them unfolded, within fp16 rounding; larger batches do not fold.
+    NOTE: fp16, not bf16: the interpreter's decode attention over a bf16 cache returned
+    values ~1e9 times the reference's (bf16 dots), with or without the norms folded."""
+    from kernel_checks import rel_err
+
+    from ingot.compiler.build import build_engine
+    from ingot.compiler.convert import convert_checkpoint
+    from ingot.compiler.examples import make_tiny_hf_model
+    from ingot.compiler.tactic_select import default_choices
+    from ingot.runtime import model as model_mod
+    from ingot.runtime.engine import load_engine
+    from ingot.runtime.kv_cache import KVCache
+    from ingot.runtime.model import AttnMetadata, Decoder, Ops
+
+    new_sums = model_mod.new_sums
+    hf = make_tiny_hf_model(family, root / "hf16", seed=9)
+    ckpt = convert_checkpoint(hf, root / "ckpt16", dtype="float16")
+    build = {"max_batch_size": 4, "max_seq_len": 64, "tokens_per_block": 16}
+    eng = load_engine(build_engine(ckpt, root / "eng16", target="cpu", overrides=build))
+    m = eng.config.model
+    cfg = dataclasses.replace(
+        eng.config,
+        build=dataclasses.replace(eng.config.build, target="sm_90", fused_norms=True),
+        plugins=tuple(default_choices("sm_90", m)),
+    )
+    dec = Decoder(m, eng.weights(), Ops(cfg))
+    assert dec.fold_rows >= 1 and dec._folded_layers(1) == m.num_layers - 1
+    assert dec._folded_layers(dec.fold_rows + 1) == 0
+    i32 = dict(dtype=torch.int32)
+    kv = KVCache(m, 8, 16, torch.float16, torch.device("cpu"))
+    kv.data.normal_()  # a cached context of random keys and values
+    folded_rows = dec.fold_rows
+    for ctx in (7, 16, 33):  # decode steps: one query at position ctx - 1
+        meta = AttnMetadata(torch.tensor([ctx - 1], **i32), torch.arange(4, **i32)[None],
+                            torch.tensor([ctx], **i32), torch.tensor([0, 1], **i32), 64, 1,
+                            num_decodes=1)  # fmt: skip
+        ids, pos = torch.tensor([ctx % m.vocab_size], **i32), torch.tensor([ctx - 1], **i32)
+        out, made = {}, []
+        for rows in (folded_rows, 0):
+            dec.fold_rows = rows
+            cache = KVCache(m, 8, 16, torch.float16, torch.device("cpu"))
+            cache.data.copy_(kv.data)
+            try:
+                model_mod.new_sums = functools.partial(_kept, made, new_sums)
+                out[rows] = (dec.forward(ids, pos, meta, cache), cache.data)
+            finally:
+                model_mod.new_sums = new_sums
+        # the folded pass ran: every o and down GEMV of the first L - 1 layers added its sums
+        assert len(made) == 1 and made[0].shape == (2 * (m.num_layers - 1), 2, 1)
+        assert (made[0][:, 0] > 0).all()
+        (h1, c1), (h0, c0) = out[folded_rows], out[0]
+        assert rel_err(h1, h0) < 2e-2, rel_err(h1, h0)
+        assert rel_err(c1, c0) < 1e-2
+    dec.fold_rows = folded_rows
+
+
+def main(family: str, quant: str = "none", fold: str = "") -> None:
     """quant "fp8": an FP8 engine with an FP8 KV cache (the fused norm/SwiGLU quantization,
-    the FP8 KV write and attention kernels; the GEMM's cuBLASLt call takes its CPU fallback)."""
+    the FP8 KV write and attention kernels; the GEMM's cuBLASLt call takes its CPU fallback).
+    fold "fold": the engine folds its norms into the decode GEMVs (fp32 weights: the GEMVs'
+    fallback math), and a bf16 engine's folded decode steps are checked too."""
     from ingot.compiler.build import build_engine
     from ingot.compiler.convert import convert_checkpoint
     from ingot.compiler.examples import make_tiny_hf_model
@@ -94,10 +162,20 @@ def main(family: str, quant: str = "none") -> None:
     m = cpu.config.model
     # the same weights, bound to the GPU plugins (default tactics) instead of the references
     unused = unused_plugins(cpu.config.quant.mode, cpu.config.quant.lm_head)
+    choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
+    if fold and quant == "fp8":  # FP8 GEMMs default to cuBLASLt: a GEMV tactic folds
+        from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
+
+        gemv = next(t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m"))
+        choices = tuple(
+            dataclasses.replace(c, tactic=gemv.name, params=gemv.as_dict())
+            if c.name in ("fp8_gemm", "fp8_swiglu_gemm") else c
+            for c in choices
+        )  # fmt: skip
     gpu_cfg = dataclasses.replace(
         cpu.config,
-        build=dataclasses.replace(cpu.config.build, target="sm_90"),
-        plugins=tuple(c for c in default_choices("sm_90", m) if c.name not in unused),
+        build=dataclasses.replace(cpu.config.build, target="sm_90", fused_norms=bool(fold)),
+        plugins=choices,
     )
     gpu = dataclasses.replace(cpu, config=gpu_cfg)
     prompts = random_prompts(m.vocab_size, seed=5)
@@ -130,7 +208,10 @@ def main(family: str, quant: str = "none") -> None:
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
     check_swiglu_gemv()
-    print("ok", family, quant, used)
+    if fold:
+        assert ex.decoder.fold_rows >= 1
+        check_folded_norms(family, root)
+    print("ok", family, quant, fold, used)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,27 @@ def test_pdl_on_a_cpu_build_is_one_line(ckpt, tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_fused_norms_flag_builds_a_gpu_engine_and_refuses_a_cpu_one(ckpt, tmp_path):
+    """--fused-norms is recorded in a GPU engine (cross-built: its folded kernels bundled)
+    and shown by inspect-engine; on a cpu target it is one line, exit 2, nothing written."""
+    pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
+    e = tmp_path / "gpu-engine"
+    r = invoke(
+        "build-engine", "--checkpoint-dir", ckpt, "--output-dir", e, "--target", "sm_90",
+        "--config", "tiny-llama", "--fused-norms",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads((e / "config.json").read_text())["build"]["fused_norms"] is True
+    r = invoke("inspect-engine", "--engine-dir", e)
+    assert r.exit_code == 0 and "norms folded into the decode GEMVs" in r.output
+    r = invoke(
+        "build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "c",
+        "--target", "cpu", "--config", "tiny-llama", "--fused-norms",
+    )  # fmt: skip
+    assert_one_line_error(r, "fused_norms", "GPU target")
+    assert not (tmp_path / "c").exists()
+
+
 def test_max_num_tokens_below_max_batch_size_builds_with_a_note(ckpt, tmp_path):
     r = invoke(
         "build-engine", "--checkpoint-dir", ckpt, "--output-dir", tmp_path / "e",

@@ -116,7 +116,31 @@ def test_pdl_engines_give_the_same_tokens(tmp_path):
     assert with_pdl == serve_staggered(cpu, prompts, NEW)
 
 
-@pytest.mark.parametrize("tactics", ["auto", "default", "pdl"])
+def test_fused_norm_engines_give_the_same_tokens(tmp_path):
+    """Norms folded into the decode GEMVs (`--fused-norms`, plugins/gemm/fused_norm.py): a
+    bf16 engine's greedy tokens are the plain engine's on >= 95% of steps (rstd may differ in
+    its last bits), with PDL too; a float32 one (the GEMVs' fallback math) the CPU
+    reference's exactly."""
+    hf = make_tiny_hf_model("llama", tmp_path / "hf", seed=7)
+    for dtype in ("bfloat16", "float32"):
+        ckpt = convert_checkpoint(hf, tmp_path / f"ckpt-{dtype}", dtype=dtype)
+        runs = {}
+        for name, extra in (("plain", {}), ("fused", {"fused_norms": True}),
+                            ("fused_pdl", {"fused_norms": True, "pdl": True})):  # fmt: skip
+            eng = build_engine(ckpt, tmp_path / f"{name}-{dtype}", target="auto",
+                               overrides=BUILD | extra, tactics="default")  # fmt: skip
+            assert load_engine(eng).config.build.fused_norms == bool(extra)
+            prompts = random_prompts(load_engine(eng).config.model.vocab_size, seed=5)
+            runs[name] = serve_staggered(eng, prompts, NEW)
+        for name in ("fused", "fused_pdl"):
+            pairs = [(a, b) for x, y in zip(runs[name], runs["plain"], strict=True)
+                     for a, b in zip(x, y, strict=True)]  # fmt: skip
+            assert sum(a == b for a, b in pairs) >= 0.95 * len(pairs), (dtype, name)
+    cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
+    assert runs["fused"] == serve_staggered(cpu, prompts, NEW)
+
+
+@pytest.mark.parametrize("tactics", ["auto", "default", "pdl", "fused_norms"])
 def test_engine_kernels_load_without_compiling(tmp_path, tactics):
     import os
     import subprocess
@@ -132,6 +156,8 @@ def test_engine_kernels_load_without_compiling(tmp_path, tactics):
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16")
     # "pdl": default tactics, programmatic dependent launch (the kernels' PDL variants)
     pdl = {"pdl": True} if tactics == "pdl" else {}
+    if tactics == "fused_norms":  # the folded GEMV variants (PDL ones too)
+        pdl = {"pdl": True, "fused_norms": True}
     gpu = build_engine(
         ckpt,
         tmp_path / "gpu",

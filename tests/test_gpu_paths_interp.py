@@ -13,19 +13,28 @@ import pytest
 pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
 
-@pytest.mark.parametrize("family,quant", [("llama", "none"), ("qwen3", "none"), ("qwen2", "fp8")])
-def test_gpu_code_paths_match_the_cpu_engine(family, quant):
+@pytest.mark.parametrize(
+    "family,quant,fold",
+    [
+        ("llama", "none", ""),
+        ("qwen3", "none", ""),
+        ("qwen2", "fp8", ""),
+        ("llama", "none", "fold"),
+        ("qwen2", "fp8", "fold"),
+    ],
+)
+def test_gpu_code_paths_match_the_cpu_engine(family, quant, fold):
     # NOTE: a subprocess: TRITON_INTERPRET must be set before any kernel module is imported.
     if quant != "none":
         pytest.importorskip("modelopt.torch.quantization")
     script = Path(__file__).with_name("interp_gpu_paths.py")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run(
-        [sys.executable, str(script), family, quant],
+        [sys.executable, str(script), family, quant, fold],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert f"ok {family} {quant}" in r.stdout
+    assert f"ok {family} {quant} {fold}" in r.stdout

@@ -22,6 +22,20 @@ from ingot.runtime.errors import ConfigError  # noqa: E402
 from ingot.runtime.model import PDL_MAX_ROWS  # noqa: E402
 
 
+def binaries(specs) -> set:
+    """The distinct sm_90 binaries (kernel, source, options) that launch specs compile to."""
+    from triton.compiler import make_backend
+
+    from ingot.plugins import aot
+
+    backend = make_backend(aot.parse_target("sm_90"))
+    return {
+        (s.fn, src.hash(), options.hash())
+        for s in specs
+        for _, src, options in [aot._replay(s, backend)]
+    }
+
+
 def _constexpr(spec, fn, name: str):
     return spec.args[fn.arg_names.index(name)]
 
@@ -106,10 +120,7 @@ def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
     run time. With a large-batch decode tactic too (a timed build's choice)."""
     from dataclasses import replace
 
-    from triton.compiler import make_backend
-
     from ingot.compiler import kernel_bundle
-    from ingot.plugins import aot
     from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
 
     m = LLAMA_3_1_8B
@@ -119,8 +130,6 @@ def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
         replace(c, tactic=t.name, params=t.as_dict()) if c.name == "paged_attention" else c
         for c in default_choices("sm_90", m)
     )
-    backend = make_backend(aot.parse_target("sm_90"))
-
     kernels = {":_decode_kernel": dec._decode_kernel}
 
     def decode_specs(seq0: bool) -> list:
@@ -130,13 +139,6 @@ def test_mixed_step_decodes_reuse_the_decode_graphs_binaries(monkeypatch):
             s for s in specs for end, kernel in kernels.items()
             if s.fn.endswith(end) and bool(_constexpr(s, kernel, "seq0")) == seq0
         ]  # fmt: skip
-
-    def binaries(specs) -> set:
-        return {
-            (s.fn, src.hash(), options.hash())
-            for s in specs
-            for _, src, options in [aot._replay(s, backend)]
-        }
 
     mixed = decode_specs(seq0=True)
     # beside one decode (small-batch tactic) and beside 63 (large-batch tactic: 1-warp programs)
@@ -158,10 +160,7 @@ def test_steps_finishing_on_their_sampling_rows_launch_bundled_binaries(pdl):
     9,569 -> 5,668 tok/s)."""
     from dataclasses import replace
 
-    from triton.compiler import make_backend
-
     from ingot.compiler import kernel_bundle as kb
-    from ingot.plugins import aot
     from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
     from ingot.runtime.model import SampleRows
 
@@ -187,14 +186,39 @@ def test_steps_finishing_on_their_sampling_rows_launch_bundled_binaries(pdl):
             ids = torch.empty(sum(lens), **i32)
             rows = SampleRows(torch.empty(len(lens), **i32), torch.empty(len(lens), **i32))
             decoder.logits(decoder.forward(ids, ids, meta, kv, rows))
-    backend = make_backend(aot.parse_target("sm_90"))
-
-    def binaries(specs) -> set:
-        return {
-            (s.fn, src.hash(), options.hash())
-            for s in specs
-            for _, src, options in [aot._replay(s, backend)]
-        }
 
     assert any(s.fn.endswith(":_decode_kernel") for s in specs)
     assert binaries(specs) <= binaries(bundle)
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_folded_norm_decode_steps_launch_bundled_binaries(pdl):
+    """An engine built with fused_norms (plugins/gemm/fused_norm.py) bundles the GEMV variants
+    that add into the residual stream and normalize as they load, and its batch-1 decode steps
+    (folded) and larger ones (not) launch only binaries the bundle holds."""
+    from dataclasses import replace
+
+    from ingot.compiler import kernel_bundle as kb
+
+    m = LLAMA_3_1_8B
+    b = BuildConfig(max_batch_size=8, max_seq_len=1024, max_num_tokens=2048,
+                    tokens_per_block=64, target="sm_90", pdl=pdl, fused_norms=True)  # fmt: skip
+    choices = default_choices("sm_90", m)
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+
+    bundle = binaries(engine_launches(m, QuantConfig(), b, choices, shapes))
+    plain = binaries(engine_launches(m, QuantConfig(), replace(b, fused_norms=False), choices,
+                                     shapes))  # fmt: skip
+    assert plain < bundle  # the folded variants, besides all the plain ones (larger batches)
+    decoder, kv = kb.dry_run_decoder(m, QuantConfig(), b, choices, shapes)
+    assert decoder.fold_rows == 1
+    width = -(-b.max_seq_len // b.tokens_per_block)
+    i32 = dict(dtype=torch.int32, device="meta")
+    with kb.recorded_launches() as specs:
+        for lens in ([1], [1, 1], [1] * 8):
+            meta = kb._meta_batch(lens, width, b.max_seq_len)
+            ids = torch.empty(len(lens), **i32)
+            decoder.logits(decoder.forward(ids, ids, meta, kv))
+    assert binaries(specs) <= bundle
+    assert binaries(specs) - plain  # the batch-1 step ran folded variants
