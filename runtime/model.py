@@ -245,11 +245,12 @@ class Decoder:
             q = ops.rms_norm(q, w[p + "q_norm.weight"], c.rms_norm_eps)
             k = ops.rms_norm(k, w[p + "k_norm.weight"], c.rms_norm_eps)
         rope_kw, attn_kw = dict(fp8), dict(fp8, **out_q)
-        if self.decode_writes_v and self.fused_rope_kv:
+        if self.fused_rope_kv:
             t = q.shape[0]
             n = decode_rows(t, meta.context_lens.shape[0], meta.max_query_len, meta.num_decodes)
-            rope_kw["v_rows"], attn_kw["new_v"] = t - n, v[t - n :]
-        if self.fused_rope_kv:
+            rope_kw["runs"] = t - n  # prompt rows, slots in order: V a segment at a time
+            if self.decode_writes_v:
+                rope_kw["v_rows"], attn_kw["new_v"] = t - n, v[t - n :]
             q = ops.rope_kv_write(
                 q, k, v, positions, self.cos, self.sin, k_cache, v_cache, meta.slot_mapping,
                 **rope_kw,

@@ -76,7 +76,8 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
     Slots: "scattered" (one token per sequence, as a decode step writes: each token lands in
     another block, so its transposed V touches 1,024 sectors a byte each) or "runs" (a
     prompt's consecutive slots, as a prefill chunk writes). "fp8 v by attention": a decode
-    step's write into the engines' FP8 pool now (K only: the attention kernel stores V)."""
+    step's write into the engines' FP8 pool now (K only: the attention kernel stores V);
+    "fp8 v per token": a prefill's V stored token by token, as before V segments."""
     cos, sin = (
         c.to(DEV)
         for c in rope_ref.cos_sin_cache(rope_ref.inv_freq(HD, 500000.0, "llama3", 8.0), 8192)
@@ -98,14 +99,19 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
         pools = ("fp8", "fp8_v_token_major", "bf16")
         if slot_kind == "scattered" and T == 512:
             pools += ("fp8_v_by_attention",)
+        if T >= rope.V_SEGMENT_MIN_TOKENS:  # the engines' pool, V stored token by token
+            pools += ("fp8_v_per_token",)
         for pool in pools:
             dtype = BF16 if pool == "bf16" else F8
             kc = torch.zeros(nb, BS, HKV, HD, device=DEV, dtype=dtype)
             # the FP8 engines' layout: V transposed
-            vc = v_like(kc, transposed=pool in ("fp8", "fp8_v_by_attention"))
+            vc = v_like(kc, transposed=pool in ("fp8", "fp8_v_by_attention", "fp8_v_per_token"))
+
             scales = {"k_scale": ks, "v_scale": vs} if dtype == F8 else {}
             if pool == "fp8_v_by_attention":
                 scales["v_rows"] = 0
+            elif pool != "fp8_v_per_token":  # every token a prompt's: V a segment at a time
+                scales["runs"] = T
             t = time_tactics(
                 "rope",
                 rope.ROPE_TACTICS,

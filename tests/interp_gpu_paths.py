@@ -191,6 +191,11 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     ex.prefill_graphs = cg.PrefillGraphs(
         ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu")
     )
+    # an FP8 pool's prompt V goes in a segment of tokens at a time (rope.triton_kernels)
+    from ingot.plugins.rope import triton_kernels as rope_gpu
+
+    segments, write_segments = [], rope_gpu.write_v_segments
+    rope_gpu.write_v_segments = lambda *a: segments.append(a[-1]) or write_segments(*a)
     used = {"decode": 0, "prefill": 0}
     for name, runner in (("decode", ex.graphs), ("prefill", ex.prefill_graphs)):
 
@@ -206,6 +211,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert used["decode"] > 0 and used["prefill"] >= 3, used
     assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
+    assert bool(segments) == (quant == "fp8"), segments
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
     check_swiglu_gemv()
     if fold:

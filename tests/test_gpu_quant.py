@@ -409,3 +409,14 @@ def test_fp8_attention_queries_past_fp16_range():
     out = torch.full_like(q, float("nan"))
     pf.make_prefill_attention(None)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **sc)
     assert rel_err(out, ref) < FP8_TOL
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64])
+def test_v_segments_write_the_per_token_bytes(bs, monkeypatch):
+    """A prefill's V into the FP8 pool a segment of tokens at a time: the same cache bytes as
+    token by token, for prompts, a chunk continuing mid-block, scattered slots and padding
+    (tests/v_segment_checks.py)."""
+    from v_segment_checks import v_segments_equal_per_token
+
+    v_segments_equal_per_token(bs, "cuda", monkeypatch)
+    v_segments_equal_per_token(bs, "cuda", monkeypatch, v_rows_cut=3)

@@ -9,6 +9,8 @@ float8_e4m3fn (bit-exact with the reference); without them the kernel is the pla
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -70,6 +72,77 @@ def _kv_write_kernel(
         else:
             tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
             tl.store(vc_ptr + dst_v, v.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+# A prefill's V into a transposed (FP8) pool, layout.py: per-token stores put one byte into
+# each of hd 32-byte sectors per token (H200: RoPE + KV write into an FP8 pool at 8,192 tokens,
+# 168 us a layer, 27% of the copy bandwidth). Here a program takes SEG tokens of one kv head;
+# when they fill a SEG-token segment of one block in order (a prompt's run of slots), it
+# stores each dim's SEG bytes at once. Calls of at least this many tokens go this way.
+V_SEGMENT_MIN_TOKENS = 64
+
+
+@triton.jit(do_not_specialize=["T", "v_rows"])
+def _v_segments_kernel(
+    v_ptr,
+    vc_ptr,
+    slot_ptr,
+    vs_ptr,
+    T,
+    v_rows,
+    svt,
+    svh,
+    sv_blk,
+    sv_h,
+    HD,
+    BS: tl.constexpr,
+    SEG: tl.constexpr,
+    D_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_begin(PDL)
+    j = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.arange(0, SEG)
+    t = j * SEG + i
+    tm = t < tl.minimum(T, v_rows)
+    s = tl.load(slot_ptr + t, mask=tm, other=-1).to(tl.int64)
+    d = tl.arange(0, D_PAD)
+    dm = d < HD
+    v = tl.load(v_ptr + t.to(tl.int64)[:, None] * svt + h * svh + d[None, :],
+                mask=tm[:, None] & dm[None, :], other=0.0)  # fmt: skip
+    if KV_FP8:
+        v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
+    vt = tl.trans(v.to(vc_ptr.dtype.element_ty))  # [D_PAD, SEG]: tokens along each dim's row
+    first = tl.sum(tl.where(i == 0, s, 0))
+    run = tl.sum((tm & (s == first + i)).to(tl.int32)) == SEG  # all SEG valid, in order
+    if run & (first >= 0) & (first % SEG == 0):
+        # NOTE: hints as load_v's: each dim's SEG tokens contiguous from a SEG boundary
+        r = tl.max_contiguous(tl.multiple_of(first % BS + i, SEG), SEG)
+        ptr = vc_ptr + (first // BS) * sv_blk + h * sv_h + d[:, None] * BS + r[None, :]
+        tl.store(ptr, vt, mask=dm[:, None])
+    else:  # token by token (slots < 0: padding, skipped)
+        dst = (s // BS) * sv_blk + h * sv_h + s % BS
+        tl.store(vc_ptr + dst[None, :] + d[:, None] * BS, vt,
+                 mask=dm[:, None] & (tm & (s >= 0))[None, :])  # fmt: skip
+
+
+def write_v_segments(v, v_cache, slot_mapping, v_scale=None, v_rows=None) -> None:
+    """V [T, Hkv, hd] (its first v_rows tokens; None: all) into a transposed V cache
+    (layout.py) at slot_mapping, as the per-token kernels store it (the same bytes), a
+    segment of tokens at a time. v_scale: an FP8 cache's (float32 [])."""
+    T, hkv, hd = v.shape
+    nb, bs = v_cache.shape[:2]
+    seg = math.gcd(bs, 32)
+    if T == 0:
+        return
+    _v_segments_kernel[(triton.cdiv(T, seg), hkv)](
+        v, v_cache, slot_mapping, v_scale, T, T if v_rows is None else int(v_rows),
+        v.stride(0), v.stride(1), v_cache.stride(0), v_cache.stride(2), hd,
+        BS=bs, SEG=seg, D_PAD=triton.next_power_of_2(hd), KV_FP8=v_scale is not None,
+        num_warps=4, **launch_options(),
+    )  # fmt: skip
 
 
 def make_write_kv(tactic: Tactic | None = None):

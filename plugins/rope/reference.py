@@ -79,11 +79,13 @@ def rope_write_kv(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     v_rows: int | None = None,
+    runs: int = 0,
 ) -> torch.Tensor:
     """RoPE on q and k, then k and v into the paged cache at `slot_mapping` (an FP8 cache:
     quantized with k_scale / v_scale, as `write_kv`); returns the rotated q [T, Hq, hd]. The
     fused GPU kernel saves a launch and a pass over k. v_rows: V of the first v_rows tokens
-    only (the decode rows' V goes to paged_attention's new_v)."""
+    only (the decode rows' V goes to paged_attention's new_v). runs: how many leading tokens
+    are prompt tokens (a layout hint for the GPU kernel; nothing here depends on it)."""
     from ingot.plugins.attention.reference import write_cache
 
     q, k = apply_rope(q, k, positions, cos, sin)

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.layout import check_kv_layout
+from ..attention.layout import check_kv_layout, is_transposed
+from ..attention.triton_kv_write import V_SEGMENT_MIN_TOKENS, write_v_segments
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
@@ -76,9 +77,9 @@ def _rotate_heads(
                 tl.store(cb + HALF, y2.to(cache_ptr.dtype.element_ty), mask=m)
 
 
-# NOTE: v_rows is not specialized: one binary whether a step writes every V (prefill), none
-# (decode graphs) or some (mixed steps)
-@triton.jit(do_not_specialize=["v_rows"])
+# NOTE: v_from / v_rows are not specialized: one binary whether a step writes every V, none
+# (decode graphs; a prefill's, written a segment at a time) or some (mixed steps)
+@triton.jit(do_not_specialize=["v_from", "v_rows"])
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -113,6 +114,7 @@ def _rope_kernel(
     sv_tok,
     sv_h,
     sv_d,
+    v_from,
     v_rows,
     BS: tl.constexpr,
     WRITE_K_OUT: tl.constexpr,
@@ -189,7 +191,7 @@ def _rope_kernel(
         HALF_PAD,
     )
     if WRITE_CACHE:
-        if (slot >= 0) & (t < v_rows):
+        if (slot >= 0) & (t >= v_from) & (t < v_rows):
             h = tl.arange(0, HKV_PAD)[:, None]
             dd = tl.arange(0, 2 * HALF_PAD)[None, :]
             m = (h < HKV) & (dd < 2 * HALF)
@@ -209,10 +211,10 @@ def _check_last_dim(*ts: torch.Tensor) -> None:
 
 def _launch(
     q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slots, params, scales=None,
-    v_rows=None,
+    v_rows=None, v_from=0,
 ):  # fmt: skip
-    """scales: (k_scale, v_scale) of an FP8 KV cache (float32 []), or None. v_rows: V is
-    written for the first v_rows tokens only (None: all)."""
+    """scales: (k_scale, v_scale) of an FP8 KV cache (float32 []), or None. V is written for
+    tokens v_from .. v_rows - 1 only (v_rows None: to the last)."""
     T, hq, hd = q.shape
     hkv = k.shape[1]
     if hd % 2:
@@ -256,6 +258,7 @@ def _launch(
         k_cache.stride(1) if write_cache else 0,
         k_cache.stride(2) if write_cache else 0,
         *(v_cache.stride() if write_cache else (0, 0, 0, 0)),
+        int(v_from),
         T if v_rows is None else int(v_rows),
         BS=k_cache.shape[1] if write_cache else 1,
         WRITE_K_OUT=k_out is not None,
@@ -310,18 +313,27 @@ def make_rope_write_kv(tactic: Tactic | None = None):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         v_rows: int | None = None,
+        runs: int = 0,
     ) -> torch.Tensor:
         """Equivalent to `q, k = apply_rope(q, k, ...)` then `write_kv(k, v, caches, slots,
         k_scale=, v_scale=)` (scales: an FP8 KV cache's); returns the rotated q [T, Hq, hd].
         Slots < 0 are skipped (padding tokens). v_rows: only the first v_rows tokens' V is
-        written (the rest is the decode rows' V, which paged_attention stores: new_v)."""
+        written (the rest is the decode rows' V, which paged_attention stores: new_v).
+        runs: the first `runs` tokens are prompt tokens, their slots mostly in order (a hint:
+        into a transposed V they are written a segment at a time; the same bytes)."""
         _check_last_dim(q, k, v)
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if q_out is None else q_out
         scales = (k_scale, v_scale) if k_scale is not None and v_scale is not None else None
+        T = q.shape[0]
+        runs = min(int(runs), T if v_rows is None else int(v_rows))
+        if runs < V_SEGMENT_MIN_TOKENS or not is_transposed(v_cache):
+            runs = 0
         _launch(
             q, k, v, positions, cos, sin, q_out, None, k_cache, v_cache, slot_mapping, params,
-            scales, v_rows,
+            scales, v_rows, runs,
         )  # fmt: skip
+        if runs:  # the prompt tokens' V into the transposed pool, a segment at a time
+            write_v_segments(v, v_cache, slot_mapping, scales[1] if scales else None, runs)
         return q_out
 
     return rope_write_kv
