@@ -1,5 +1,5 @@
 """Triton compiles in threads: its heavy parts (LLVM, ptxas) run outside the GIL, so a build's
-kernels compile side by side instead of one after another (a 2-core machine: 1.7x)."""
+kernels compile side by side instead of one after another."""
 
 from __future__ import annotations
 

@@ -191,8 +191,9 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
 # each; kernels a variant needs that the engine lacks compile at its first capture): the
 # engine as built (PDL on: the default); its PDL GEMVs loading one weight chunk before their
 # wait instead of up to four; its PDL kernels letting the next one be scheduled after their
-# wait instead of before; no PDL; the norms folded into the GEMVs (`--fused-norms`). Runs differ by a few % between calls, so a change worth less
-# than that is measured here, not across calls.
+# wait instead of before; no PDL; the norms folded into the GEMVs (`--fused-norms`). Runs
+# differ by a few % between calls, so a change worth less than that is measured here, not
+# across calls.
 AB_VARIANTS = {
     "engine": {},
     "prefetch_1": {"prefetch_bytes": 0},

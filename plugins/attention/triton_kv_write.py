@@ -133,7 +133,7 @@ def write_v_segments(v, v_cache, slot_mapping, v_scale=None, v_rows=None) -> Non
     (layout.py) at slot_mapping, as the per-token kernels store it (the same bytes), a
     segment of tokens at a time. v_scale: an FP8 cache's (float32 [])."""
     T, hkv, hd = v.shape
-    nb, bs = v_cache.shape[:2]
+    bs = v_cache.shape[1]
     seg = math.gcd(bs, 32)
     if T == 0:
         return

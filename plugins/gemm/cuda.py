@@ -34,9 +34,12 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
-from .fused_norm import AddOut, NormIn, add_output, normed_input
+from .fused_norm import COARSE_FROM, FINE, AddOut, NormIn, add_output, normed_input
 
 _MAX_BLOCK_M = 8  # largest x batch the GEMV kernel handles in one pass (registers)
+# the fixed-point sums of squares of a folded norm, as fused_norm.py keeps them
+_FINE = tl.constexpr(FINE)
+_COARSE_FROM = tl.constexpr(COARSE_FROM)
 
 
 def gemv_tactic(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> Tactic:
@@ -146,9 +149,9 @@ def _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM: tl.constexpr, BLOCK_M: tl.const
     """RMSNorm's 1 / rms [BLOCK_M] of rows rm_c from their fixed-point sums of squares
     (fused_norm.py: the fine sum in 2^-32 units, the coarse one once it reaches 2^30)."""
     if NORM:
-        fine = tl.load(ss_ptr + rm_c).to(tl.float32) * (1.0 / 4294967296.0)
+        fine = tl.load(ss_ptr + rm_c).to(tl.float32) * (1.0 / _FINE)
         coarse = tl.load(ss_ptr + sss + rm_c)
-        ss = tl.where(coarse < 1073741824, fine, coarse.to(tl.float32))
+        ss = tl.where(coarse < _COARSE_FROM, fine, coarse.to(tl.float32))
         return 1.0 / tl.sqrt(ss / K + eps)
     else:
         return tl.full([BLOCK_M], 1.0, tl.float32)
@@ -319,8 +322,7 @@ def _gemv_kernel(
         h = tl.where(om, h.to(tl.float32), 0.0)
         share = tl.sum(h * h, axis=1)  # [BLOCK_M]: this program's columns
         # fixed point: the sums do not depend on the programs' order (fused_norm.py)
-        tl.atomic_add(sums_ptr + rm, (share * 4294967296.0 + 0.5).to(tl.int64), mask=mm,
-                      sem="relaxed")  # fmt: skip
+        tl.atomic_add(sums_ptr + rm, (share * _FINE + 0.5).to(tl.int64), mask=mm, sem="relaxed")
         tl.atomic_add(sums_ptr + sss + rm, (share + 0.5).to(tl.int64), mask=mm, sem="relaxed")
     else:
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=om)
@@ -404,6 +406,14 @@ def gemv_ok(
     )
 
 
+def norm_args(norm: NormIn | None) -> dict:
+    """The kernel arguments of a NormIn (`gemv_acc`'s NORM ones; none without one)."""
+    if norm is None:
+        return {}
+    return dict(NORM=True, wn_ptr=norm.weight, ss_ptr=norm.sums, sss=norm.sums.stride(0),
+                eps=float(norm.eps))  # fmt: skip
+
+
 def launch_gemv(
     x, weight, bias, out, params, gated: bool, scales=None, out_dtype=None,
     norm: NormIn | None = None, add: AddOut | None = None,
@@ -420,15 +430,11 @@ def launch_gemv(
     bn = int(params["block_n"])
     vec = 16 // weight.element_size()
     sx, sw = scales if scales is not None else (weight, weight)
-    folded = {}
-    if norm is not None:
-        folded |= dict(NORM=True, wn_ptr=norm.weight, ss_ptr=norm.sums, eps=float(norm.eps))
+    folded = norm_args(norm)
     if add is not None:
+        if norm is not None and norm.sums.stride(0) != add.sums.stride(0):
+            raise ValueError("fused norm: the NormIn and AddOut sums must share a layout")
         folded |= dict(ADD_OUT=True, sums_ptr=add.sums, sss=add.sums.stride(0))
-    if norm is not None and add is not None and norm.sums.stride(0) != add.sums.stride(0):
-        raise ValueError("fused norm: the NormIn and AddOut sums must share a layout")
-    if norm is not None:
-        folded.setdefault("sss", norm.sums.stride(0))
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x,
         weight,

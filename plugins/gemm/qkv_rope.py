@@ -24,7 +24,7 @@ from ..attention.layout import check_kv_layout
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
-from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, gemv_pdl_options, make_linear
+from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, gemv_pdl_options, make_linear, norm_args
 from .fused_norm import NormIn, normed_input
 from .reference import unfused_qkv_rope
 
@@ -213,10 +213,6 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
         bn = int(params["block_n"])
         fp8 = k_scale is not None and v_scale is not None
         grid = ((num_heads + 2 * num_kv_heads) * (hd // bn),)
-        folded = {}
-        if norm is not None:
-            folded = dict(NORM=True, wn_ptr=norm.weight, ss_ptr=norm.sums,
-                          sss=norm.sums.stride(0), eps=float(norm.eps))  # fmt: skip
         _qkv_rope_kernel[grid](
             x, weight, bias if bias is not None else weight, positions, cos, sin, q,
             k_cache, v_cache, slot_mapping,
@@ -239,7 +235,7 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
             num_warps=int(params["num_warps"]),
             num_stages=1,
             **gemv_pdl_options(weight.shape[1], weight.element_size(), params),
-            **folded,
+            **norm_args(norm),
         )  # fmt: skip
         return q
 
