@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -92,25 +93,38 @@ def _median_ms(
         return _median_ms_events(fn, repeats, flush)
 
 
-def _first_calls(calls: list[Callable[[], Any]]) -> None:
+def _first_calls(calls: list[Callable[[], Any]]) -> list[Any]:
     """Each call once, side by side in threads: Triton compiles a kernel at its first call, so
     the candidates compile in parallel rather than each as it is timed (the build's tactic
-    phase). Errors are left for the timing, which reports them per candidate."""
+    phase). Their results (None where a call failed); errors are left for the timing, which
+    reports them per candidate."""
     import torch
 
-    def first(call: Callable[[], Any]) -> None:
+    def first(call: Callable[[], Any]) -> Any:
         try:
-            call()
+            return call()
         except Exception:  # noqa: BLE001 - timed (and reported as inf) after
-            pass
+            return None
 
     if torch.cuda.is_available():  # Triton's driver set up once here, not by racing threads
         from triton.runtime.driver import driver
 
         driver.active.get_current_device()
-    map_in_threads(first, calls)
+    outputs = map_in_threads(first, calls)
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
+    return outputs
+
+
+def relative_error(out: Any, want: Any) -> float:
+    """||out - want|| / ||want|| in float64 (inf for a shape mismatch or a non-finite value)."""
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        return float("inf")
+    out, want = out.double(), want.double()
+    err = ((out - want).norm() / want.norm().clamp_min(1e-30)).item()
+    return err if err == err else float("inf")  # NaN -> inf
 
 
 def _in_pdl_scope(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -130,6 +144,8 @@ def time_tactics(
     repeats: int = 50,
     factory: Callable[[Tactic | None], Callable[..., Any]] | None = None,
     before: Callable[[], Any] | None = None,
+    reference: Callable[..., Any] | None = None,
+    tolerance: float = 1e-2,
 ) -> list[tuple[Tactic, float]]:
     """Median milliseconds per call of each candidate, fastest first.
 
@@ -142,6 +158,11 @@ def time_tactics(
     before a GEMV). Then both run with programmatic dependent launch and each candidate is
     charged what it adds to `before` alone, so a GEMV whose programs load their weights while
     `before` runs gets that credit (plugins/pdl.py).
+
+    reference: the op's plain-torch implementation, run once on the same inputs; a candidate
+    whose first output is further than `tolerance` from it (relative error) computed the wrong
+    thing on this GPU: it is reported as inf with a warning and never chosen, so a fast but
+    wrong kernel cannot end up in an engine.
     """
     factory = factory or resolve_factory(spec_name)
     args, kwargs = make_inputs()
@@ -153,14 +174,26 @@ def time_tactics(
     for tactic in candidates:
         call = functools.partial(factory(tactic), *args, **kwargs)
         calls.append(_in_pdl_scope(call) if before else call)
-    _first_calls(calls)
-    for tactic, call in zip(candidates, calls, strict=True):
+    outputs = _first_calls(calls)
+    want = reference(*args, **kwargs) if reference is not None else None
+    wrong = []
+    for tactic, call, out in zip(candidates, calls, outputs, strict=True):
+        if want is not None and out is not None:
+            err = relative_error(out, want)
+            if not err <= tolerance:
+                wrong.append(f"{tactic.name} ({err:.3g})")
+                results.append((tactic, float("inf")))
+                continue
         try:
             ms = _median_ms(call, repeats, before)
         except Exception as e:  # noqa: BLE001 - a failing tactic is skipped, not fatal
             ms, error = float("inf"), e
         results.append((tactic, ms))
-    if error is not None and all(ms == float("inf") for _, ms in results):
+    if wrong:
+        warnings.warn(f"{spec_name}: not used, output off the reference on this GPU (relative "
+                      f"error): {', '.join(wrong)}", stacklevel=2)  # fmt: skip
+    if all(ms == float("inf") for _, ms in results) and (error is not None or wrong):
         # every candidate failing is a bug in the inputs or the plugin, not a tactic's limit
-        raise RuntimeError(f"no {spec_name} tactic ran: {error}") from error
+        why = f"{error}" if error is not None else f"wrong output: {', '.join(wrong)}"
+        raise RuntimeError(f"no {spec_name} tactic ran: {why}") from error
     return sorted(results, key=lambda r: r[1])

@@ -100,13 +100,18 @@ def report(tactics=TACTICS, caches=("bf16", "fp8"), new_v=(False, True)) -> list
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(doc: str, make_rows) -> None:
+    """Parse --out, print the rows `make_rows()` gives, and write them as JSON there."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
-    rows = report()
+    rows = make_rows()
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
+
+
+def main() -> None:
+    cli(__doc__, report)
 
 
 if __name__ == "__main__":

@@ -161,3 +161,30 @@ def qkv_rope_fused_vs_unfused(
         gu = g.reshape(4 * bs, -1)[untouched]
         assert torch.equal(gu, torch.full_like(gu, fill))
     return runs
+
+
+def w4a16_packed_model(x, qweight, scales, pre_quant_scale, bias=None) -> torch.Tensor:
+    """What the packed W4A16 GEMV computes (plugins/quant/triton_w4a16.py `_packed_dot`), in
+    torch on the CPU: per engine word (8 codes, group 128), the codes' halves (nibbles 0-3 and
+    4-7) each give code - 8 times x (exact) summed in bf16, each sum rounded to nearest-even
+    as the bf16x2 fmas do; the two halves and the words are then added in fp32 with the
+    block's scale. x: [T, K] bf16 -> [T, N] float32 (before the output's rounding)."""
+    from ingot.plugins.quant import reference as qref
+
+    x = x.cpu()
+    if pre_quant_scale is not None:
+        x = x * pre_quant_scale.cpu().to(x.dtype)
+    T, K = x.shape
+    words = qref.unpack_int4(qweight.cpu())  # [N, K] in word order: word c, nibble j
+    N = words.shape[0]
+    v = (words - 8).float().reshape(N, K // 128, 16, 8)  # [N, block, c, j]
+    xv = x.float().reshape(T, K // 128, 8, 16).transpose(2, 3)  # [T, block, c, j]: k = 16j + c
+    words_sum = torch.zeros(T, N, K // 128, 16)
+    for h in range(2):
+        acc = torch.zeros(T, N, K // 128, 16)
+        for j in range(4):
+            prod = v[None, :, :, :, 4 * h + j] * xv[:, None, :, :, 4 * h + j]
+            acc = (prod + acc).to(torch.bfloat16).float()  # exact sum, one rounding
+        words_sum += acc
+    y = (words_sum * scales.cpu().float()[None, :, :, None]).sum((2, 3))
+    return y if bias is None else y + bias.cpu().float()

@@ -15,6 +15,7 @@ from kernel_checks import (
     rel_err,
     rope_fp8_write_fused_vs_unfused,
     same_bits,
+    w4a16_packed_model,
 )
 
 from ingot.plugins.attention import reference as attn_ref
@@ -232,6 +233,25 @@ def test_w4a16_cuda_graph():
     out.fill_(float("nan"))
     g.replay()
     assert rel_err(out, qref.w4a16_linear(x, qweight, scales, pqs, 128)) < W4_TOL
+
+
+PACKED = [t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")]
+
+
+@pytest.mark.parametrize("tactic", PACKED, ids=ids(PACKED))
+def test_w4a16_packed_gemv_does_its_bf16x2_arithmetic(tactic):
+    """The packed GEMV's PTX (code - 8 in bf16x2, each half word's 4 products summed in bf16)
+    against the torch model of that arithmetic (kernel_checks.w4a16_packed_model): only the
+    fp32 additions' order differs, so the bound is far tighter than W4_TOL (bf16 sums of the
+    wrong width or a half paired with the wrong activations miss it by 10-1000x)."""
+    params = tactic.as_dict()
+    for N, K in ((6144, 4096), (4096, 14336)):
+        qweight, scales, pqs = _w4(N, K)
+        for T in range(1, int(params["max_m"]) + 1):
+            x = torch.randn(T, K, device=DEV, dtype=BF16)
+            out = torch.full((T, N), float("nan"), device=DEV)  # fp32: before the output's cast
+            tw.launch_w4a16(x, qweight, scales, pqs, 128, None, out, params, True)
+            assert rel_err(out, w4a16_packed_model(x, qweight, scales, pqs)) < 1e-4, (N, T)
 
 
 # --------------------------------------------------------------------------- FP8 KV cache

@@ -222,3 +222,34 @@ def test_folded_norm_decode_steps_launch_bundled_binaries(pdl):
             decoder.logits(decoder.forward(ids, ids, meta, kv))
     assert binaries(specs) <= bundle
     assert binaries(specs) - plain  # the batch-1 step ran folded variants
+
+
+def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
+    """The packed W4A16 GEMV (bf16x2 inline PTX) as an INT4 engine with that tactic records
+    and bundles it: every packed decode tactic launches the packed kernel for bf16 x, which
+    ptxas assembles for sm_90 on this machine."""
+    from triton.compiler import make_backend
+
+    from ingot.compiler.kernel_bundle import recorded_launches
+    from ingot.plugins import aot
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    N, K = 6144, 4096
+    x = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
+    qweight = torch.empty(N, K // 8, dtype=torch.int32, device="meta")
+    scales = torch.empty(N, K // 128, dtype=torch.bfloat16, device="meta")
+    pqs = torch.empty(K, dtype=torch.bfloat16, device="meta")
+    packed = [t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")]
+    assert packed
+    with recorded_launches() as specs:
+        for t in packed:
+            fn = tw.make_w4a16_linear(tw.combine_tactics(t, tw.GEMM_TACTICS[0]))
+            fn(x, qweight, scales, pqs, 128)
+    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4a16_gemv_packed_kernel"] * len(packed)
+    target = aot.parse_target("sm_90")
+    _, src, options = aot._replay(specs[0], make_backend(target))
+    with aot.use_cache_dir(tmp_path):
+        kernel = triton.compile(src, target=target, options=options.__dict__)
+    ptx = kernel.asm["ptx"]
+    assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
+    assert kernel.asm["cubin"]

@@ -30,6 +30,7 @@ else:
         rel_err,
         rope_fp8_write_fused_vs_unfused,
         same_bits,
+        w4a16_packed_model,
     )
 
     from ingot.plugins import pdl
@@ -202,6 +203,44 @@ else:
         for T in (1, int(d["max_m"]), 5):
             args, ref = _w4_case(256, 37, T, torch.float16, True)
             assert rel_err(_w4_run(args, d if T <= d["max_m"] else m, T <= d["max_m"]), ref) < 1e-2
+
+    PACKED = [t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")]
+
+    @pytest.mark.parametrize("tactic", [PACKED[0], PACKED[-1]], ids=lambda t: t.name)
+    def test_w4a16_packed_gemv(tactic):
+        """The packed (bf16x2) GEMV: its arithmetic, emulated here as the PTX does it, against
+        a torch model of that arithmetic (same roundings; only the fp32 additions' order
+        differs; without pre_quant_scale) and within 1e-2 of the reference; rows past N, whole
+        and partial last chunks, T of 1 and 3, with and without pre_quant_scale and bias."""
+        torch.manual_seed(6)
+        params = tactic.as_dict()
+        # (K, blocks a chunk, pre_quant_scale, bias): whole chunks, a partial last one
+        cases = ((256, 2, True, False), (384, 2, False, True), (384, params["block_g"], 0, 0))
+        for T in (1, 3):
+            for K, bg, pqs, bias in cases:
+                args, ref = _w4_case(K, 37, T, torch.bfloat16, bias, pqs)
+                x, qweight, scales, p, b = args
+                prm = dict(params, block_g=bg)
+                assert rel_err(_w4_run(args, prm, True), ref) < 1e-2, (T, K, prm)
+                if pqs:  # the interpreter's bf16 cast of x * pqs truncates
+                    continue
+                # fp32 out: the sums before the interpreter's (truncating) bf16 cast
+                out = torch.full((T, 37), float("nan"))
+                tw.launch_w4a16(x, qweight, scales, p, 128, b, out, prm, True)
+                model = w4a16_packed_model(x, qweight, scales, p, b)
+                assert rel_err(out, model) < 1e-6, (T, K, prm)
+                assert rel_err(model, ref.float()) > 1e-4  # the model is not the reference
+
+    def test_w4a16_packed_tactics_take_other_dtypes_unpacked():
+        """fp16 and fp32 activations under a packed tactic run the fp32 path (bf16x2 only)."""
+        torch.manual_seed(7)
+        packed = PACKED[0].as_dict()
+        plain = {k: v for k, v in packed.items() if k != "packed"}
+        for dtype in (torch.float16, torch.float32):
+            args, ref = _w4_case(256, 37, 2, dtype, True)
+            out = _w4_run(args, packed, True)
+            assert torch.equal(out, _w4_run(args, plain, True)), dtype
+            assert rel_err(out, ref) < 1e-2
 
     def test_w4a16_plugin_on_cpu_is_the_reference():
         args, ref = _w4_case(128, 40, 2, torch.float32, True)

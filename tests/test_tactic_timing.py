@@ -213,3 +213,49 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
     assert (128, None, 1024) in shapes_seen and (512, 448, 2048) in shapes_seen
     assert choice.tactic.endswith(f"+large:{t8192.name}")
     assert f"{t4096.name}@b512r448_ctx2048" in choice.timings_ms
+
+
+def test_a_candidate_off_the_reference_is_never_chosen(monkeypatch):
+    """time_tactics(reference=...): a candidate whose first output is off the plain-torch op
+    (a kernel computing the wrong thing on the build GPU) is reported as inf with a warning,
+    however fast; every candidate off it stops the build."""
+    from ingot.plugins.quant import reference as qref
+
+    monkeypatch.setattr(tactics, "_median_ms", lambda fn, repeats, before=None: 1.0)
+    torch.manual_seed(0)
+    codes = torch.randint(0, 16, (64, 256))
+    args = (torch.randn(1, 256), qref.pack_w4_engine(codes), torch.rand(64, 2) * 0.02 + 0.002,
+            None, 128)  # fmt: skip
+    good, close, wrong, broken = Tactic("good"), Tactic("close"), Tactic("wrong"), Tactic("nan")
+
+    def factory(t):
+        def fn(x, qweight, scales, pqs, group):
+            y = qref.w4a16_linear(x, qweight, scales, pqs, group)
+            if t is close:  # within the tolerance: kept
+                return y * (1 + 1e-3)
+            if t is wrong:  # e.g. a half word paired with the wrong activations
+                return qref.w4a16_linear(x.roll(1, dims=1), qweight, scales, pqs, group)
+            return y.fill_(float("nan")) if t is broken else y
+
+        return fn
+
+    with pytest.warns(UserWarning, match=r"w4a16_gemm: not used.*wrong \(.*nan \(inf\)"):
+        res = time_tactics("w4a16_gemm", [wrong, good, broken, close], lambda: (args, {}),
+                           factory=factory, reference=qref.w4a16_linear)  # fmt: skip
+    assert dict(res) == {good: 1.0, close: 1.0, wrong: float("inf"), broken: float("inf")}
+    assert res[0][0] in (good, close)
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(RuntimeError, match="no w4a16_gemm tactic ran: wrong output"),
+    ):
+        time_tactics("w4a16_gemm", [wrong], lambda: (args, {}), factory=factory,
+                     reference=qref.w4a16_linear)  # fmt: skip
+
+
+def test_gpu_builds_check_every_gemm_site_against_its_reference():
+    """Each GEMM plugin the build times per site has its plain-torch implementation and a bound."""
+    from ingot.compiler.tactic_select import GEMM_TOL
+    from ingot.plugins.registry import get_spec, import_attr
+
+    for name, tol in GEMM_TOL.items():
+        assert callable(import_attr(get_spec(name).impls["cpu"])(None)) and 0 < tol <= 5e-2

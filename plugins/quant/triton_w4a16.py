@@ -18,6 +18,11 @@ Two kernels, chosen by the number of rows T of x:
   FFMA), which matters: at 4 bits a weight, a bandwidth-bound GEMV on the H200 leaves ~3.5
   issue slots per weight (sm_90 SASS: ~5.8-6.8 per weight in all, with address arithmetic and
   the final reduction). The block's scale multiplies each word's sum.
+* packed GEMV (tactics named `..._p`, bf16 x only): the same layout in bf16x2 arithmetic with
+  inline PTX (`_packed_quad`): two codes a LOP3 and a subtraction, two products a
+  multiply-add, each half word's 4 products summed in bf16 and the rest in fp32, one scale
+  per thread's 4 words. Its K loop is 2.9 sm_90 instructions per weight against 4.4
+  (`scripts/sass_w4a16.py`); the build times both kinds.
 * GEMM (larger T): tiles of BLOCK_M rows; each K chunk is unpacked, put back in k order,
   dequantized to the model dtype and multiplied with `tl.dot` (tensor cores), fp32
   accumulator; fp32 activations use IEEE dots. NOTE: on the H200 this path is 1.5-1.8x slower
@@ -34,6 +39,8 @@ the same device).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -44,11 +51,12 @@ from .reference import W4_BLOCK
 from .reference import w4a16_linear as _reference
 
 
-def _dec(bn: int, bg: int, w: int, s: int, max_m: int) -> Tactic:
-    return Tactic(
-        f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}",
-        (("block_n", bn), ("block_g", bg), ("num_warps", w), ("num_stages", s), ("max_m", max_m)),
-    )
+def _dec(bn: int, bg: int, w: int, s: int, max_m: int, packed: bool = False) -> Tactic:
+    params = (("block_n", bn), ("block_g", bg), ("num_warps", w), ("num_stages", s),
+              ("max_m", max_m))  # fmt: skip
+    if packed:  # bf16x2 arithmetic (`_packed_quad`); bf16 activations only
+        return Tactic(f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}_p", params + (("packed", 1),))
+    return Tactic(f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}", params)
 
 
 def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
@@ -72,6 +80,12 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(4, 64, 8, 1, 1),
     _dec(8, 32, 4, 2, 1),
     _dec(1, 32, 4, 1, 4),
+    # packed (bf16x2) variants: ~2.4 instructions per weight instead of ~4.4 (not yet timed on
+    # the H200; the build times them beside the rest and keeps whichever is fastest)
+    _dec(8, 16, 2, 1, 1, packed=True),
+    _dec(8, 32, 4, 1, 1, packed=True),
+    _dec(16, 16, 4, 1, 1, packed=True),
+    _dec(4, 32, 4, 1, 2, packed=True),
 )
 GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interleaved blocks)
     _mm(64, 128, 128, 4, 3),
@@ -95,6 +109,10 @@ W4A16_TACTICS: tuple[Tactic, ...] = tuple(
 
 
 _MAGIC = 0x4B000000  # the bits of 2^23 in fp32
+_MAGIC_BF16X2 = 0x43004300  # 128.0 in both halves of a bf16x2 register
+_C136_BF16X2 = 0x43084308  # 136.0 (128 + 8) in both halves
+# the interpreter cannot run inline PTX, and its float -> bf16 cast truncates
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 assert W4_BLOCK == 128  # the kernels spell the interleaved block as 128 k (16 words)
 
 
@@ -137,6 +155,142 @@ def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASK
 
 
 @triton.jit
+def _x_pair(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
+    """The bf16 activations that meet nibbles j and j + 4 of the loaded words, packed as one
+    bf16x2 word (nibble j's in the low half), as the packed dot's registers hold its weights."""
+    lo = _x_nibble(x_ptrs, p_ptrs, j, mask, HAS_PQS, MASKED).to(tl.bfloat16)  # exact
+    hi = _x_nibble(x_ptrs, p_ptrs, j + 4, mask, HAS_PQS, MASKED).to(tl.bfloat16)
+    lo = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
+    return lo | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+
+
+@triton.jit
+def _bf16_rne(y):
+    """fp32 y rounded to the nearest bf16 (ties to even), as fp32: the bf16x2 instructions'
+    rounding, for the interpreter (whose cast to bf16 truncates)."""
+    b = y.to(tl.int32, bitcast=True)
+    b = (b + (0x7FFF + ((b >> 16) & 1))) & -0x10000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _packed_half_emulated(words, xp0, xp1, xp2, xp3, HI: tl.constexpr, magic):
+    """One half word of `_packed_quad` in fp32, rounded to bf16 after each step as the PTX's
+    bf16x2 instructions round (code - 8 and each product are exact; each sum is rounded once,
+    as an fma's)."""
+    half = words
+    if HI:
+        half = words >> 16
+        xs0, xs1, xs2, xs3 = xp0 >> 16, xp1 >> 16, xp2 >> 16, xp3 >> 16
+    else:
+        xs0, xs1, xs2, xs3 = xp0 & 0xFFFF, xp1 & 0xFFFF, xp2 & 0xFFFF, xp3 & 0xFFFF
+    x0 = (xs0 << 16).to(tl.float32, bitcast=True)
+    x1 = (xs1 << 16).to(tl.float32, bitcast=True)
+    x2 = (xs2 << 16).to(tl.float32, bitcast=True)
+    x3 = (xs3 << 16).to(tl.float32, bitcast=True)
+    a = _bf16_rne(_nibble_minus_8(half, 0, magic) * x0)
+    a = _bf16_rne(_nibble_minus_8(half, 1, magic) * x1 + a)
+    a = _bf16_rne(_nibble_minus_8(half, 2, magic) * x2 + a)
+    return _bf16_rne(_nibble_minus_8(half, 3, magic) * x3 + a)
+
+
+@triton.jit
+def _word_emulated(words, xp0, xp1, xp2, xp3, magic):
+    lo = _packed_half_emulated(words, xp0, xp1, xp2, xp3, False, magic)
+    return lo + _packed_half_emulated(words, xp0, xp1, xp2, xp3, True, magic)
+
+
+def _quad_ptx() -> str:
+    """`_packed_quad`'s PTX. Operands: $0 the fp32 sum; $1-$4 four words; $(5 + 4w + j) the x
+    pair of word w's nibbles j and j + 4; $21 128.0 and $22 136.0 in both bf16 halves."""
+    out = ["{", ".reg .b32 s1, s2, s3, v0, v1, v2, v3, a, lo, hi;", ".reg .f32 t<4>, u<2>;"]
+    for w in range(4):
+        word, xs = f"${1 + w}", [f"${5 + 4 * w + j}" for j in range(4)]
+        out += [f"shr.u32 s{i}, {word}, {4 * i};" for i in (1, 2, 3)]
+        for i, src in enumerate((word, "s1", "s2", "s3")):  # (a & b) | c: LUT 0xEA
+            out.append(f"lop3.b32 v{i}, {src}, 0x000F000F, $21, 0xEA;")
+        out += [f"sub.rn.bf16x2 v{i}, v{i}, $22;" for i in range(4)]
+        out.append(f"mul.rn.bf16x2 a, v0, {xs[0]};")
+        out += [f"fma.rn.bf16x2 a, v{i}, {xs[i]}, a;" for i in (1, 2, 3)]
+        out += ["shl.b32 lo, a, 16;", "and.b32 hi, a, 0xFFFF0000;", f"add.f32 t{w}, lo, hi;"]
+    out += ["add.f32 u0, t0, t1;", "add.f32 u1, t2, t3;", "add.f32 $0, u0, u1;", "}"]
+    return "\n".join(out)
+
+
+_QUAD_PTX = tl.constexpr(_quad_ptx())
+
+
+@triton.jit
+def _quarters(t):
+    """[A, B, C] -> the elements 4i, 4i + 1, 4i + 2, 4i + 3 of the last axis, four [A, B, C/4]
+    tensors (a thread's 16-byte vector apart, in registers)."""
+    r = tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2] // 4, 2, 2])
+    even, odd = tl.split(r)
+    q0, q2 = tl.split(even)
+    q1, q3 = tl.split(odd)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic):
+    """For each 4 consecutive int32 words (a thread's 16-byte load, all in one 128-k block, so
+    under one scale), sum over their 32 codes u of (u - 8) * x, in bf16x2 arithmetic: per word
+    3 shifts, 4 LOP3 (a code pair masked into the mantissas of 128.0 and 128.0: 128 + u,
+    exact), 4 bf16x2 subtractions of 136 (u - 8, exact), a bf16x2 multiply and 3 fmas with the
+    x pairs (xp_j: the activations of nibbles j and j + 4; each sum rounded to bf16), and the
+    two halves widened and added in fp32: ~19 instructions for 8 weights, where the fp32 path
+    takes ~35. words [M, N, C], xp_j [M, 1, C] -> [M, N, C/4] fp32. Each half word's sum of 4
+    products is rounded to bf16 (relative error ~2^-9); the rest is added in fp32."""
+    w0, w1, w2, w3 = _quarters(words)
+    a0, a1, a2, a3 = _quarters(xp0)
+    b0, b1, b2, b3 = _quarters(xp1)
+    c0, c1, c2, c3 = _quarters(xp2)
+    d0, d1, d2, d3 = _quarters(xp3)
+    if _INTERPRET:
+        t0 = _word_emulated(w0, a0, b0, c0, d0, magic)
+        t1 = _word_emulated(w1, a1, b1, c1, d1, magic)
+        t2 = _word_emulated(w2, a2, b2, c2, d2, magic)
+        t3 = _word_emulated(w3, a3, b3, c3, d3, magic)
+        return (t0 + t1) + (t2 + t3)
+    args = [w0, w1, w2, w3, a0, b0, c0, d0, a1, b1, c1, d1, a2, b2, c2, d2, a3, b3, c3, d3]
+    return tl.inline_asm_elementwise(
+        asm=_QUAD_PTX,
+        constraints="=f" + ",r" * 22,
+        args=args + [magic2, c136],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """This program's rows of the weight (rn, in range nm, clamped rn_c: rows past N re-read
+    row 0 and are masked at the store) and of x (rm, mm), and the first chunk's pointers for
+    words rw [1, 1, BKW]: weights [1, BN, BKW], x and pre_quant_scale [BM, 1, BKW]."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = rn < N
+    rn_c = tl.where(nm, rn, 0)
+    rm = tl.arange(0, BLOCK_M)
+    mm = rm < T
+    rm_c = tl.where(mm, rm, 0)
+    w_ptrs = qw_ptr + rn_c.to(tl.int64)[None, :, None] * (KB * 16) + rw
+    x_off = (rw // 16) * 128 + rw % 16  # nibble j of word w meets x[128 (w // 16) + 16 j + w % 16]
+    return rn, nm, rn_c, rm, mm, w_ptrs, x_ptr + rm_c[:, None, None] * sxm + x_off, pqs_ptr + x_off
+
+
+@triton.jit
+def _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS: tl.constexpr):
+    """out[rm, rn] = the sum of acc [BM, BN, *] over its last axis (+ bias)."""
+    y = tl.sum(acc, axis=2)  # [BM, BN]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
+    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
@@ -148,21 +302,13 @@ def _w4a16_gemv_kernel(
     [BLOCK_M, BLOCK_N, BLOCK_G * 16]: x rows, weight rows, words of the chunk.
     MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial)."""
     pdl_begin(PDL)
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = rn < N
-    rn_c = tl.where(nm, rn, 0)  # rows past N re-read row 0; masked at the store
-    rm = tl.arange(0, BLOCK_M)
-    mm = rm < T
-    rm_c = tl.where(mm, rm, 0)
     BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
     rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
-    n3 = rn_c.to(tl.int64)[None, :, None]
-    w_ptrs = qw_ptr + n3 * (KB * 16) + rw  # [1, BN, BKW]
-    s_ptrs = s_ptr + n3 * (KB // BLOCKS_PER_GROUP) + rw // (16 * BLOCKS_PER_GROUP)
-    x_off = (rw // 16) * 128 + rw % 16  # nibble j of word w meets x[128 (w // 16) + 16 j + w % 16]
-    x_ptrs = x_ptr + rm_c[:, None, None] * sxm + x_off  # [BM, 1, BKW]
-    p_ptrs = pqs_ptr + x_off
+    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M, BLOCK_N
+    )
+    s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
+    s_ptrs += rw // (16 * BLOCKS_PER_GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
     for g0 in tl.range(0, KB, BLOCK_G, num_stages=STAGES):
         wm = (g0 * 16 + rw) < KB * 16
@@ -182,11 +328,46 @@ def _w4a16_gemv_kernel(
                 xj = _x_nibble(xo, po, 4 * h + j, wm, HAS_PQS, MASKED)
                 part += xj * _nibble_minus_8(half, j, magic)
         acc += part * sc.to(tl.float32)
-    y = tl.sum(acc, axis=2)  # [BM, BN]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
-    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
-    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
+
+
+@triton.jit
+def _w4a16_gemv_packed_kernel(
+    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic, magic2, c136,
+    HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """`_w4a16_gemv_kernel`'s contract for bf16 x, in bf16x2 arithmetic (`_packed_quad`): the
+    activations of each nibble pair are packed once per chunk (shared by the BLOCK_N rows),
+    and a thread's 4 words share one scale, so scales are loaded and applied per 4 words,
+    in the layout of the sums (no shared-memory exchange). Tensors are [BLOCK_M, BLOCK_N,
+    BLOCK_G * 16] (words) and [BLOCK_M, BLOCK_N, BLOCK_G * 4] (a thread's 4 words)."""
+    pdl_begin(PDL)
+    BKW: tl.constexpr = BLOCK_G * 16
+    rw = tl.arange(0, BKW)[None, None, :]
+    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M, BLOCK_N
+    )
+    rq = tl.arange(0, BLOCK_G * 4)[None, None, :]  # 4 words each, block rq // 4
+    s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
+    s_ptrs += rq // (4 * BLOCKS_PER_GROUP)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G * 4], tl.float32)
+    for g0 in tl.range(0, KB, BLOCK_G, num_stages=STAGES):
+        wm = (g0 * 16 + rw) < KB * 16
+        if MASKED:
+            words = tl.load(w_ptrs + g0 * 16, mask=wm, other=0, eviction_policy="evict_first")
+            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP, mask=(g0 * 4 + rq) < KB * 4, other=0.0)
+        else:
+            words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
+            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
+        xo, po = x_ptrs + g0 * 128, p_ptrs + g0 * 128
+        xp0 = _x_pair(xo, po, 0, wm, HAS_PQS, MASKED)
+        xp1 = _x_pair(xo, po, 1, wm, HAS_PQS, MASKED)
+        xp2 = _x_pair(xo, po, 2, wm, HAS_PQS, MASKED)
+        xp3 = _x_pair(xo, po, 3, wm, HAS_PQS, MASKED)
+        acc += _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic) * sc.to(tl.float32)
+    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
 
 
 @triton.jit
@@ -279,8 +460,12 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
     stages = int(params.get("num_stages", 2))
     if decode:
         bn, bg, kb = int(params["block_n"]), int(params["block_g"]), K // W4_BLOCK
-        _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](
-            *args, kb, x.stride(0), out.stride(0), _MAGIC,
+        packed = bool(params.get("packed", 0)) and x.dtype == torch.bfloat16
+        kernel, extra = _w4a16_gemv_kernel, ()
+        if packed:
+            kernel, extra = _w4a16_gemv_packed_kernel, (_MAGIC_BF16X2, _C136_BF16X2)
+        kernel[(triton.cdiv(N, bn),)](
+            *args, kb, x.stride(0), out.stride(0), _MAGIC, *extra,
             BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
             BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, **common,
         )  # fmt: skip

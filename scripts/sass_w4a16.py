@@ -1,0 +1,82 @@
+"""Instructions per weight in the main loop of the W4A16 decode GEMV's sm_90 binaries, compiled
+on this machine without a GPU (Triton's ptxas and cuobjdump): every decode tactic, the fp32
+kernel and the packed (bf16x2) one, at Llama-3.1-8B's qkv shape with AWQ's pre_quant_scale.
+
+A check before spending GPU time: at 4 bits a weight the H200 leaves ~3.5 issue slots per
+weight for a GEMV to stay bound by DRAM (scripts/bench_w4a16.py then times them).
+
+    python3 scripts/sass_w4a16.py [--out sass_w4a16.json]
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from sass_report import _BIN, cli
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ingot.plugins.quant import triton_w4a16 as tw
+
+_PTRS = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "pqs_ptr": "*bf16",
+         "b_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+
+
+def compile_gemv(params: dict, pqs: bool = True, kb: int = 32):
+    fn = tw._w4a16_gemv_packed_kernel if params.get("packed") else tw._w4a16_gemv_kernel
+    const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1,
+             "BLOCK_M": triton.next_power_of_2(int(params["max_m"])),
+             "BLOCK_N": params["block_n"], "BLOCK_G": params["block_g"],
+             "MASKED": kb % params["block_g"] != 0, "STAGES": params["num_stages"], "PDL": False}  # fmt: skip
+    sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
+    idx = fn.arg_names.index
+    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}
+    src = ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
+    opts = {"num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def loop_body(cubin: bytes) -> tuple[list[str], int]:
+    """The SASS opcodes between the last backward branch and its target (the K loop) and the
+    registers per thread."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        run = lambda *a: subprocess.run([str(_BIN / "cuobjdump"), *a, str(path)],  # noqa: E731
+                                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sass, usage = run("-sass"), run("--dump-resource-usage")
+    instrs = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [(int(t, 16), a) for a, op in instrs
+             for t in re.findall(r"BRA .*?0x([0-9a-f]+)", op) if int(t, 16) < a]  # fmt: skip
+    lo, hi = loops[-1]
+    body = [
+        op.split()[1] if op.startswith("@") else op.split()[0] for a, op in instrs if lo <= a <= hi
+    ]
+    return body, int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def report() -> list[dict]:
+    rows = []
+    for tactic in tw.DECODE_TACTICS:
+        p = tactic.as_dict()
+        body, regs = loop_body(compile_gemv(p).asm["cubin"])
+        weights = p["block_n"] * p["block_g"] * 128 / (32 * p["num_warps"])  # a thread's, a chunk
+        top = collections.Counter(body).most_common(6)
+        rows.append({"tactic": tactic.name, "registers": regs, "loop_instructions": len(body),
+                     "per_weight": len(body) / weights, "top": top})  # fmt: skip
+        print(f"{tactic.name:28s} regs {regs:3d} loop {len(body):5d} "
+              f"{len(body) / weights:5.2f}/weight  {top[:4]}")  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    cli(__doc__, report)
+
+
+if __name__ == "__main__":
+    main()
