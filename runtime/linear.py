@@ -44,5 +44,6 @@ def make_linear(
         zeros = weights.get(prefix + ".weight_zero")
         pqs = weights.get(prefix + ".pre_quant_scale")  # [K]
         g = quant.group_size
-        return lambda x: w4(x, weight, scales, pqs, g, zeros, bias)
+        # gated=True: x is [gate | up] and SwiGLU runs inside the plugin (the down projection)
+        return lambda x, **gated: w4(x, weight, scales, pqs, g, zeros, bias, **gated)
     raise NotImplementedError(f"quantization mode {quant.mode!r} has no linear implementation yet")

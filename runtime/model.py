@@ -146,6 +146,7 @@ class Decoder:
         }
         self.scale = cfg.head_dim**-0.5
         self.fp8_kv = quant.kv_cache_dtype == "fp8"  # quantization: K/V stored as fp8 / scale
+        self.quant_mode = quant.mode
         # RoPE fused with the KV write when the engine has it (engines built before it do not)
         self.fused_rope_kv = hasattr(ops, "rope_kv_write")
         # The decode rows' V stored by the decode attention kernel (paged_attention new_v; in
@@ -315,6 +316,8 @@ class Decoder:
         elif self.fp8_fused:
             act = self.ops.swiglu_quant_fp8(gate_up, self.w[p + "down.input_scale"])
             out = self.linears[p + "down"](act, **ak)
+        elif self.quant_mode == "int4_awq":  # the W4A16 GEMV applies SwiGLU as it loads x
+            out = self.linears[p + "down"](gate_up, gated=True)
         else:
             out = self.linears[p + "down"](self.ops.swiglu(gate_up), **ak)
         if self.comm is not None:

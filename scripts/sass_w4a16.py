@@ -32,7 +32,9 @@ def compile_gemv(params: dict, pqs: bool = True, kb: int = 32):
     const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1,
              "BLOCK_M": triton.next_power_of_2(int(params["max_m"])),
              "BLOCK_N": params["block_n"], "BLOCK_G": params["block_g"],
-             "MASKED": kb % params["block_g"] != 0, "STAGES": params["num_stages"], "PDL": False}  # fmt: skip
+             "MASKED": kb % params["block_g"] != 0, "STAGES": params["num_stages"]}  # fmt: skip
+    # every other constexpr at its default (GATED, PDL, ...: off), never a runtime argument
+    const |= {q.name: q.default for q in fn.params if q.is_constexpr and q.name not in const}
     sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
     idx = fn.arg_names.index
     attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}

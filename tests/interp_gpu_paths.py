@@ -137,7 +137,8 @@ def check_folded_norms(family: str, root: Path) -> None:
 
 def main(family: str, quant: str = "none", fold: str = "") -> None:
     """quant "fp8": an FP8 engine with an FP8 KV cache (the fused norm/SwiGLU quantization,
-    the FP8 KV write and attention kernels; the GEMM's cuBLASLt call takes its CPU fallback).
+    the FP8 KV write and attention kernels; the GEMM's cuBLASLt call takes its CPU fallback);
+    "int4_awq": the W4A16 GEMV (SwiGLU applied in the down GEMV) and GEMM kernels.
     fold "fold": the engine folds its norms into the decode GEMVs (fp32 weights: the GEMVs'
     fallback math), and a bf16 engine's folded decode steps are checked too."""
     from ingot.compiler.build import build_engine
@@ -152,10 +153,13 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
 
     cg.capture_graphs = _record_graphs
     root = Path(tempfile.mkdtemp())
-    opts = None
+    opts, sizes = None, {}
     if quant == "fp8":
         opts = QuantOptions("fp8", "fp8", calib_size=4, calib_max_seq_len=64, device="cpu")
-    hf = make_tiny_hf_model(family, root / "hf", seed=5)
+    if quant == "int4_awq":  # K a multiple of the group size (128)
+        opts = QuantOptions("int4_awq", calib_size=4, calib_max_seq_len=64, device="cpu")
+        sizes = {"hidden_size": 128, "intermediate_size": 256}
+    hf = make_tiny_hf_model(family, root / "hf", seed=5, **sizes)
     ckpt = convert_checkpoint(hf, root / "ckpt", dtype="float32", quant=opts)
     build = {"max_batch_size": 8, "max_seq_len": 256, "max_num_tokens": 64, "tokens_per_block": 16}
     cpu = load_engine(build_engine(ckpt, root / "cpu", target="cpu", overrides=build))
@@ -196,6 +200,11 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
 
     segments, write_segments = [], rope_gpu.write_v_segments
     rope_gpu.write_v_segments = lambda *a: segments.append(a[-1]) or write_segments(*a)
+    # an INT4 engine's down GEMVs apply SwiGLU as they load x (plugins/quant/triton_w4a16.py)
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    w4_gated, launch_w4 = [], tw.launch_w4a16
+    tw.launch_w4a16 = lambda *a: w4_gated.append(a[-1]) or launch_w4(*a)
     used = {"decode": 0, "prefill": 0}
     for name, runner in (("decode", ex.graphs), ("prefill", ex.prefill_graphs)):
 
@@ -213,6 +222,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert bool(segments) == (quant == "fp8"), segments
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
+    assert (True in w4_gated) == (False in w4_gated) == (quant == "int4_awq"), set(w4_gated)
     check_swiglu_gemv()
     if fold:
         assert ex.decoder.fold_rows >= 1

@@ -254,6 +254,27 @@ def test_w4a16_packed_gemv_does_its_bf16x2_arithmetic(tactic):
             assert rel_err(out, w4a16_packed_model(x, qweight, scales, pqs)) < 1e-4, (N, T)
 
 
+@pytest.mark.parametrize("tactic", tw.DECODE_TACTICS, ids=ids(tw.DECODE_TACTICS))
+def test_w4a16_gemv_applies_swiglu_as_it_loads(tactic):
+    """gated=True at the down projection's shape: the GEMV given [gate | up] writes the bits
+    the GEMV gives on the SwiGLU kernel's output (the same fp32 math rounded once), for every
+    decode tactic and row count up to its max_m; past max_m, SwiGLU then the GEMM."""
+    from ingot.plugins.activation.triton_kernels import make_swiglu
+
+    N, K = 4096, 14336
+    qweight, scales, pqs = _w4(N, K)
+    fn = tw.make_w4a16_linear(tw.combine_tactics(tactic, tw.GEMM_TACTICS[0]))
+    max_m = int(tactic.as_dict()["max_m"])
+    for T in (*range(1, max_m + 1), max_m + 1, 64):
+        gate_up = torch.randn(T, 2 * K, device=DEV, dtype=BF16)
+        out = torch.full((T, N), float("nan"), device=DEV, dtype=BF16)
+        fn(gate_up, qweight, scales, pqs, 128, out=out, gated=True)
+        unfused = fn(make_swiglu(None)(gate_up), qweight, scales, pqs, 128)
+        assert torch.equal(out, unfused), T
+        ref = qref.w4a16_linear(gate_up, qweight, scales, pqs, 128, gated=True)
+        assert rel_err(out, ref) < W4_TOL, T
+
+
 # --------------------------------------------------------------------------- FP8 KV cache
 
 HQ, HKV, HD, BS = 32, 8, 128, 16

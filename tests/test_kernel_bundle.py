@@ -253,3 +253,39 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     ptx = kernel.asm["ptx"]
     assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
     assert kernel.asm["cubin"]
+
+
+def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
+    """w4a16_gemm(gated=True) as the AOT dry run sees it: up to the tactic's max_m rows one
+    GEMV launch applying SwiGLU as it loads [gate | up]; past them the SwiGLU kernel, then the
+    GEMM; so an INT4 engine's bundle holds both (and no plain decode GEMV for the down site)."""
+    from ingot.compiler.kernel_bundle import recorded_launches
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    N, K = 4096, 14336
+    qweight = torch.empty(N, K // 8, dtype=torch.int32, device="meta")
+    scales = torch.empty(N, K // 128, dtype=torch.bfloat16, device="meta")
+    pqs = torch.empty(K, dtype=torch.bfloat16, device="meta")
+    for dec_tactic in (
+        tw.DECODE_TACTICS[0],
+        next(t for t in tw.DECODE_TACTICS if "packed" in t.as_dict()),
+    ):
+        fn = tw.make_w4a16_linear(tw.combine_tactics(dec_tactic, tw.GEMM_TACTICS[0]))
+        max_m = dec_tactic.as_dict()["max_m"]
+        for T, kernels in ((max_m, ["gemv"]), (max_m + 1, ["_swiglu_kernel", "_w4a16_mm_kernel"])):
+            gate_up = torch.empty(T, 2 * K, dtype=torch.bfloat16, device="meta")
+            with recorded_launches() as specs:
+                out = fn(gate_up, qweight, scales, pqs, 128, gated=True)
+            assert out.shape == (T, N)
+            names = [s.fn.rsplit(":", 1)[-1] for s in specs]
+            if kernels == ["gemv"]:
+                (spec,) = specs
+                kernel = (
+                    tw._w4a16_gemv_packed_kernel
+                    if "packed" in dec_tactic.as_dict()
+                    else tw._w4a16_gemv_kernel
+                )
+                assert names == [kernel.__name__]
+                assert _constexpr(spec, kernel, "GATED") is True
+            else:
+                assert names == kernels, names

@@ -107,6 +107,24 @@ def test_w4a16_equals_matmul_on_dequantized_weight(asymmetric):
     w = (codes - zf).float() * scales.repeat_interleave(G, dim=1)  # [N, K]
     torch.testing.assert_close(y, (x * pqs) @ w.t(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dequantize_w4(qw, scales, G, zeros), w)
+    # gated (the down projection): [gate | up] in, SwiGLU's output multiplied
+    gate_up = torch.randn(5, 2 * k, generator=g)
+    act = torch.nn.functional.silu(gate_up[:, :k]) * gate_up[:, k:]
+    assert torch.equal(w4a16_linear(gate_up, qw, scales, pqs, G, zeros, gated=True),
+                       w4a16_linear(act, qw, scales, pqs, G, zeros))  # fmt: skip
+
+
+def test_w4a16_plugin_on_cpu_is_the_reference():
+    """Without Triton's interpreter the GPU plugin hands CPU tensors to the reference."""
+    from ingot.plugins.quant import triton_w4a16
+
+    g = torch.Generator().manual_seed(3)
+    qw = pack_w4_engine(torch.randint(0, 16, (40, 128), generator=g))
+    scales, b = torch.rand(40, 1, generator=g) * 0.02, torch.randn(40, generator=g)
+    for x, gated in ((torch.randn(2, 128, generator=g), False),
+                     (torch.randn(1, 256, generator=g), True)):  # fmt: skip
+        out = triton_w4a16.make_w4a16_linear(None)(x, qw, scales, None, G, None, b, gated=gated)
+        assert torch.equal(out, w4a16_linear(x, qw, scales, None, G, None, b, gated=gated))
 
 
 def test_int4_quantization_error_is_within_half_a_step_and_fusion_keeps_outputs():

@@ -242,11 +242,49 @@ else:
             assert torch.equal(out, _w4_run(args, plain, True)), dtype
             assert rel_err(out, ref) < 1e-2
 
-    def test_w4a16_plugin_on_cpu_is_the_reference():
+    @pytest.mark.parametrize("packed", [False, True])
+    def test_w4a16_gemv_applies_swiglu_as_it_loads(packed):
+        """gated=True (the down projection): the GEMV given [gate | up] equals the GEMV given
+        the SwiGLU kernel's output, bit for bit (the same fp32 math, rounded once to the
+        model dtype), in both GEMV kernels, whole and partial chunks, within 1e-2 of the
+        reference."""
+        from ingot.plugins.activation.triton_kernels import make_swiglu
+
+        torch.manual_seed(8)
+        tactic = next(t for t in tw.DECODE_TACTICS if bool(t.as_dict().get("packed")) == packed)
+        params = tactic.as_dict()
+        dtypes = (torch.bfloat16,) if packed else (torch.float16, torch.float32)
+        for dtype in dtypes:
+            for K, bg in ((256, 2), (384, 2)):
+                args, _ = _w4_case(K, 37, 2, dtype, True)
+                _, qweight, scales, p, b = args
+                gate_up = torch.randn(2, 2 * K).to(dtype)
+                act = make_swiglu(None)(gate_up)
+                prm = dict(params, block_g=bg)
+                out = torch.full((2, 37), float("nan"), dtype=dtype)
+                tw.launch_w4a16(gate_up, qweight, scales, p, 128, b, out, prm, True, True)
+                assert torch.equal(out, _w4_run((act, qweight, scales, p, b), prm, True)), K
+                ref = qref.w4a16_linear(gate_up, qweight, scales, p, 128, None, b, gated=True)
+                assert rel_err(out, ref) < 1e-2
+
+    def test_w4a16_plugin_runs_the_kernels_on_cpu_tensors_in_the_interpreter():
+        """Under the interpreter the plugin takes CPU tensors to its kernels (the GPU engine's
+        code paths on the CPU: tests/interp_gpu_paths.py), SwiGLU included."""
         args, ref = _w4_case(128, 40, 2, torch.float32, True)
         x, qweight, scales, p, b = args
-        out = tw.make_w4a16_linear(None)(x, qweight, scales, p, 128, None, b)
-        assert torch.equal(out, ref)
+        seen = []
+        real = tw.launch_w4a16
+        tw.launch_w4a16 = lambda *a: seen.append(a[-2:]) or real(*a)
+        try:
+            out = tw.make_w4a16_linear(None)(x, qweight, scales, p, 128, None, b)
+            gated = tw.make_w4a16_linear(None)(torch.cat([x, x], 1), qweight, scales, p, 128,
+                                               None, b, gated=True)  # fmt: skip
+        finally:
+            tw.launch_w4a16 = real
+        assert seen == [(False, False), (False, False)]  # T = 2 > max_m: SwiGLU, then the GEMM
+        assert rel_err(out, ref) < 1e-2
+        assert rel_err(gated, qref.w4a16_linear(torch.cat([x, x], 1), qweight, scales, p, 128,
+                                                None, b, gated=True)) < 1e-2  # fmt: skip
 
     # ------------------------------------------------------------------ FP8 KV cache
 

@@ -178,9 +178,14 @@ def w4a16_linear(
     group_size: int,
     zeros: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
     """x: [T, K] -> [T, N] in x.dtype. The activation is scaled (AWQ) in x.dtype, as a kernel
-    prologue would; the weight is dequantized and the product accumulated in fp32."""
+    prologue would; the weight is dequantized and the product accumulated in fp32.
+    gated: x is [T, 2K] (gate, then up) and the input is SwiGLU's, silu(gate) * up."""
+    if gated:
+        x = swiglu(x)
     if pre_quant_scale is not None:
         x = x * pre_quant_scale.to(x.dtype)
     w = dequantize_w4(qweight, scales, group_size, zeros)  # [N, K] fp32

@@ -32,7 +32,9 @@ Two kernels, chosen by the number of rows T of x:
   segments per 128-k chunk are the suspect (docs/performance.md, 2026-12-04 16:20).
 
 The activation is scaled by pre_quant_scale in the model dtype (rounded once, as the
-reference does) when it is loaded. Zero points (asymmetric), group sizes that are not a
+reference does) when it is loaded. `gated=True` (the MLP's down projection) passes [gate | up]:
+the GEMVs compute silu(gate) * up as they load x, rounded as the SwiGLU kernel rounds it (one
+launch fewer per layer at decode sizes); the GEMM path runs the SwiGLU kernel first. Zero points (asymmetric), group sizes that are not a
 multiple of 128, or other layouts fall back to the reference in the same call (torch ops on
 the same device).
 """
@@ -108,6 +110,8 @@ W4A16_TACTICS: tuple[Tactic, ...] = tuple(
 )
 
 
+# Triton's interpreter runs the kernels on CPU tensors (the CPU tests of the GPU paths)
+_KERNEL_DEVICES = ("cuda", "meta") + (("cpu",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
 _MAGIC = 0x4B000000  # the bits of 2^23 in fp32
 _MAGIC_BF16X2 = 0x43004300  # 128.0 in both halves of a bf16x2 register
 _C136_BF16X2 = 0x43084308  # 136.0 (128 + 8) in both halves
@@ -138,13 +142,23 @@ def _times_pqs(x, p):
 
 
 @triton.jit
-def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
+def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr,
+              GATED: tl.constexpr, up):  # fmt: skip
     """The activations that meet nibble j of the loaded words, in fp32; with HAS_PQS,
-    x * pre_quant_scale rounded to x's dtype first, as the reference does."""
+    x * pre_quant_scale rounded to x's dtype first, as the reference does. GATED: x rows are
+    [gate | up] (`up` elements apart) and x = silu(gate) * up, in fp32 rounded once to the
+    model dtype, as the SwiGLU kernel writes it."""
     if MASKED:
         xj = tl.load(x_ptrs + 16 * j, mask=mask, other=0.0)
     else:
         xj = tl.load(x_ptrs + 16 * j)
+    if GATED:
+        if MASKED:
+            uj = tl.load(x_ptrs + up + 16 * j, mask=mask, other=0.0)
+        else:
+            uj = tl.load(x_ptrs + up + 16 * j)
+        g = xj.to(tl.float32)
+        xj = (g / (1.0 + tl.exp(-g)) * uj.to(tl.float32)).to(xj.dtype)
     if HAS_PQS:
         if MASKED:
             p = tl.load(p_ptrs + 16 * j, mask=mask, other=0.0)
@@ -155,11 +169,12 @@ def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASK
 
 
 @triton.jit
-def _x_pair(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr):
+def _x_pair(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr,
+            GATED: tl.constexpr, up):  # fmt: skip
     """The bf16 activations that meet nibbles j and j + 4 of the loaded words, packed as one
     bf16x2 word (nibble j's in the low half), as the packed dot's registers hold its weights."""
-    lo = _x_nibble(x_ptrs, p_ptrs, j, mask, HAS_PQS, MASKED).to(tl.bfloat16)  # exact
-    hi = _x_nibble(x_ptrs, p_ptrs, j + 4, mask, HAS_PQS, MASKED).to(tl.bfloat16)
+    lo = _x_nibble(x_ptrs, p_ptrs, j, mask, HAS_PQS, MASKED, GATED, up).to(tl.bfloat16)  # exact
+    hi = _x_nibble(x_ptrs, p_ptrs, j + 4, mask, HAS_PQS, MASKED, GATED, up).to(tl.bfloat16)
     lo = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
     return lo | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
 
@@ -295,12 +310,13 @@ def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[n, k] - 8) * scales[n, k // G] (+ b[n]) for
     m < T and this program's BLOCK_N rows; KB = K / 128 blocks per row. Tensors are
     [BLOCK_M, BLOCK_N, BLOCK_G * 16]: x rows, weight rows, words of the chunk.
-    MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial)."""
+    MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial). GATED: x rows are
+    [gate | up], 2K wide, and x = silu(gate) * up (the MLP's down projection; `_x_nibble`)."""
     pdl_begin(PDL)
     BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
     rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
@@ -325,7 +341,7 @@ def _w4a16_gemv_kernel(
             if h == 1:
                 half = words >> 16  # nibbles 4..7 (the masks below drop the sign bits)
             for j in tl.static_range(4):
-                xj = _x_nibble(xo, po, 4 * h + j, wm, HAS_PQS, MASKED)
+                xj = _x_nibble(xo, po, 4 * h + j, wm, HAS_PQS, MASKED, GATED, KB * 128)
                 part += xj * _nibble_minus_8(half, j, magic)
         acc += part * sc.to(tl.float32)
     _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
@@ -336,7 +352,7 @@ def _w4a16_gemv_packed_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic, magic2, c136,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """`_w4a16_gemv_kernel`'s contract for bf16 x, in bf16x2 arithmetic (`_packed_quad`): the
     activations of each nibble pair are packed once per chunk (shared by the BLOCK_N rows),
@@ -362,10 +378,10 @@ def _w4a16_gemv_packed_kernel(
             words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
             sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
         xo, po = x_ptrs + g0 * 128, p_ptrs + g0 * 128
-        xp0 = _x_pair(xo, po, 0, wm, HAS_PQS, MASKED)
-        xp1 = _x_pair(xo, po, 1, wm, HAS_PQS, MASKED)
-        xp2 = _x_pair(xo, po, 2, wm, HAS_PQS, MASKED)
-        xp3 = _x_pair(xo, po, 3, wm, HAS_PQS, MASKED)
+        xp0 = _x_pair(xo, po, 0, wm, HAS_PQS, MASKED, GATED, KB * 128)
+        xp1 = _x_pair(xo, po, 1, wm, HAS_PQS, MASKED, GATED, KB * 128)
+        xp2 = _x_pair(xo, po, 2, wm, HAS_PQS, MASKED, GATED, KB * 128)
+        xp3 = _x_pair(xo, po, 3, wm, HAS_PQS, MASKED, GATED, KB * 128)
         acc += _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic) * sc.to(tl.float32)
     _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
 
@@ -422,10 +438,13 @@ def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
     return dec or DECODE_TACTICS[0].as_dict(), mm or GEMM_TACTICS[0].as_dict()
 
 
-def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k: int) -> bool:
+def kernel_ok(
+    x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k: int, gated=False
+) -> bool:
     """Shapes and layouts the kernels take (any device: the caller decides where it runs);
-    block_k: the GEMM path's chunk, which must lie in one group (the GEMV passes 128)."""
-    K = x.shape[-1] if x.dim() == 2 else -1
+    block_k: the GEMM path's chunk, which must lie in one group (the GEMV passes 128).
+    gated: x is [T, 2K], gate then up (the GEMV applies SwiGLU as it loads them)."""
+    K = (x.shape[-1] // (2 if gated else 1)) if x.dim() == 2 else -1
     return (
         x.dim() == 2
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
@@ -446,9 +465,13 @@ def kernel_ok(x, qweight, scales, pre_quant_scale, group_size, zeros, bias, bloc
     )
 
 
-def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params, decode):
-    """Run the GEMV (decode) or GEMM kernel with `params` into out [T, N]; checked by kernel_ok."""
-    T, K = x.shape
+def launch_w4a16(
+    x, qweight, scales, pre_quant_scale, group_size, bias, out, params, decode, gated=False
+):
+    """Run the GEMV (decode) or GEMM kernel with `params` into out [T, N]; checked by kernel_ok.
+    gated (GEMV only): x is [T, 2K], gate then up, and the input is silu(gate) * up."""
+    assert decode or not gated, "the GEMM path takes SwiGLU's output"
+    T, K = x.shape[0], x.shape[1] // (2 if gated else 1)
     N = qweight.shape[0]
     if T == 0 or N == 0:
         return out
@@ -467,7 +490,7 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
         kernel[(triton.cdiv(N, bn),)](
             *args, kb, x.stride(0), out.stride(0), _MAGIC, *extra,
             BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
-            BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, **common,
+            BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
         )  # fmt: skip
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
@@ -479,8 +502,11 @@ def launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, par
 
 
 def make_w4a16_linear(tactic: Tactic | None = None):
+    from ..activation.triton_kernels import make_swiglu
+
     dec, mm = _split_params(tactic)
     max_m = int(dec.get("max_m", 1))
+    swiglu = make_swiglu(None)
 
     def w4a16_linear(
         x: torch.Tensor,
@@ -492,19 +518,25 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         bias: torch.Tensor | None = None,
         *,
         out: torch.Tensor | None = None,
+        gated: bool = False,
     ) -> torch.Tensor:
-        """x: [T, K] -> [T, N] in x.dtype (written into `out` if given)."""
+        """x: [T, K] -> [T, N] in x.dtype (written into `out` if given). gated: x is [T, 2K]
+        (gate, then up) and the input is silu(gate) * up, the MLP's down projection: the GEMV
+        applies SwiGLU as it loads x (a launch and a pass over [T, K] fewer); larger T runs
+        the SwiGLU kernel, then the GEMM."""
         decode = x.dim() == 2 and x.shape[0] <= max_m
         params = dec if decode else mm
         block_k = W4_BLOCK if decode else int(params["block_k"])
-        if x.device.type not in ("cuda", "meta") or not kernel_ok(
-            x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k
-        ):  # meta: the AOT dry run records the launches
-            y = _reference(x, qweight, scales, pre_quant_scale, group_size, zeros, bias)
+        args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
+        on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
+        if on_gpu and gated and not (decode and kernel_ok(x, *args, block_k, gated=True)):
+            x, gated = swiglu(x), False
+        if not on_gpu or not kernel_ok(x, *args, block_k, gated=gated):
+            y = _reference(x, *args, gated=gated)
             return y if out is None else out.copy_(y)
         if out is None:
             out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype, device=x.device)
         return launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params,
-                            decode)  # fmt: skip
+                            decode, gated)  # fmt: skip
 
     return w4a16_linear
