@@ -62,7 +62,7 @@ def build_engine_cmd(
         None,
         "--fused-norms/--no-fused-norms",
         help="Fold the residual add + RMSNorm into the decode GEMVs of small batches (GPU "
-        "targets; unquantized and FP8 engines, tp 1): the GEMV before each norm adds into the "
+        "targets; unquantized, FP8 and INT4 engines, tp 1): the GEMV before each norm adds into the "
         "residual stream, the one after normalizes as it loads, two kernel launches fewer per "
         "layer. Not yet timed on a GPU. [preset, else off]",
     ),

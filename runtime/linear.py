@@ -24,8 +24,8 @@ def make_linear(
 ) -> Linear:
     """The callable computing `prefix` (e.g. "layers.0.attn.qkv"): x [T, K] -> [T, N].
     FP8: x may arrive already quantized (fp8 from a fused norm / SwiGLU); the output is then
-    `out_dtype` (the model dtype). Unquantized and FP8 ones take `norm=` / `add=`, a norm
-    folded in (plugins/gemm/fused_norm.py)."""
+    `out_dtype` (the model dtype). All take `norm=` / `add=`, a norm folded in
+    (plugins/gemm/fused_norm.py); INT4 ones `gated=True` too (SwiGLU inside)."""
     weight = weights[prefix + ".weight"]
     bias = weights.get(prefix + ".bias")
     site = prefix.split(".", 2)[-1]  # "layers.3.attn.qkv" -> "attn.qkv"
@@ -45,5 +45,5 @@ def make_linear(
         pqs = weights.get(prefix + ".pre_quant_scale")  # [K]
         g = quant.group_size
         # gated=True: x is [gate | up] and SwiGLU runs inside the plugin (the down projection)
-        return lambda x, **gated: w4(x, weight, scales, pqs, g, zeros, bias, **gated)
+        return lambda x, **kw: w4(x, weight, scales, pqs, g, zeros, bias, **kw)
     raise NotImplementedError(f"quantization mode {quant.mode!r} has no linear implementation yet")

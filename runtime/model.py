@@ -192,7 +192,7 @@ class Decoder:
         """The largest pass (tokens) whose norms fold into the decode GEMVs around them
         (plugins/gemm/fused_norm.py): the fewest rows any of a layer's four GEMV sites runs on
         its GEMV kernel; 0: never (not asked for, tensor parallel: the partial sums meet in an
-        all-reduce first, or a site without a GEMV that folds, e.g. INT4's)."""
+        all-reduce first, or a site without a GEMV that folds)."""
         ops = self.ops
         if not getattr(ops, "fused_norms", False) or self.comm is not None:
             return 0
@@ -203,6 +203,9 @@ class Decoder:
         elif quant.mode == "fp8" and self.fp8_attn_out and self.fp8_swiglu_down is not None:
             sites = [ops.at("fp8_gemm", s) for s in ("attn.qkv", "attn.o", "mlp.gate_up")]
             sites.append(self.fp8_swiglu_down)
+        elif quant.mode == "int4_awq":  # the W4A16 GEMVs (down: SwiGLU inside)
+            sites = [ops.at("w4a16_gemm", s) for s in ("attn.qkv", "attn.o", "mlp.gate_up",
+                                                       "mlp.down")]  # fmt: skip
         else:
             return 0
         return min(getattr(fn, "gemv_rows", 0) for fn in sites)
@@ -317,7 +320,7 @@ class Decoder:
             act = self.ops.swiglu_quant_fp8(gate_up, self.w[p + "down.input_scale"])
             out = self.linears[p + "down"](act, **ak)
         elif self.quant_mode == "int4_awq":  # the W4A16 GEMV applies SwiGLU as it loads x
-            out = self.linears[p + "down"](gate_up, gated=True)
+            out = self.linears[p + "down"](gate_up, gated=True, **ak)
         else:
             out = self.linears[p + "down"](self.ops.swiglu(gate_up), **ak)
         if self.comm is not None:

@@ -16,7 +16,8 @@
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
 # (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
 # the batch-1 decode; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
-# CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens).
+# CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
+# build-engine flags for every mode (e.g. "--pdl --fused-norms").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
@@ -69,9 +70,10 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
     ${quant[$mode]} $( [[ -n "${quant[$mode]}" ]] && echo "${calib[@]}" )
   lap "convert_$mode"
   start=$SECONDS
+  # shellcheck disable=SC2086  # BUILD_ARGS: flags split into words on purpose
   ingot build-engine --checkpoint-dir "$work/ckpt-$mode" --output-dir "$work/engine-$mode" \
     --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
-    --tokens-per-block 32 --force
+    --tokens-per-block 32 --force ${BUILD_ARGS:-}
   lap "build_$mode"
   rm -rf "$work/ckpt-$mode"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \

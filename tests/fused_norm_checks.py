@@ -190,3 +190,55 @@ def qkv_rope_norm_in(T: int, device) -> None:
         runs.append((q, kc, vc))
     for want, got in zip(*runs, strict=True):
         assert rel_err(got, want) < 1e-2
+
+
+def w4a16_folds(T: int, device, packed: bool, use_pdl: bool = False) -> None:
+    """INT4 (W4A16 GEMVs, plugins/quant/triton_w4a16.py): o -> add + RMSNorm -> gate_up and
+    down (SwiGLU inside) -> add + RMSNorm -> qkv, folded and unfolded: the residual bits of the
+    add + RMSNorm kernel, sums of squares within fp32 rounding of the exact ones, the next
+    GEMV's output within bf16 rounding of it on the kernel's x; calls the GEMV does not take
+    (T past max_m) give the same residual through the torch math. packed: the bf16x2 kernel
+    (bf16); else the fp32 one (fp16: the interpreter's bf16 casts truncate)."""
+    from ingot.plugins.activation.triton_kernels import make_swiglu
+    from ingot.plugins.quant import reference as qref
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    dt = torch.bfloat16 if packed else torch.float16
+    dec = next(t for t in tw.DECODE_TACTICS
+               if bool(t.as_dict().get("packed")) == packed and t.as_dict()["max_m"] >= T)  # fmt: skip
+    fn = tw.make_w4a16_linear(tw.combine_tactics(dec, tw.GEMM_TACTICS[0]))
+    g = torch.Generator(device="cpu").manual_seed(29)
+
+    def w4(n, k):  # qweight, scales, pre_quant_scale
+        codes = torch.randint(0, 16, (n, k), generator=g)
+        scales = (torch.rand(n, k // 128, generator=g) * 0.01 + 0.002).to(dt)
+        pqs = (torch.rand(k, generator=g) + 0.5).to(dt)
+        return qref.pack_w4_engine(codes).to(device), scales.to(device), pqs.to(device)
+
+    K, D, eps = 384, 256, 1e-5  # o: K -> D; down: SwiGLU of 2K -> D; next: D -> 128
+    o_w, down_w, next_w = w4(D, K), w4(D, K), w4(128, D)
+    x_o = torch.randn(T, K, generator=g).to(dt).to(device)
+    gate_up = torch.randn(T, 2 * K, generator=g).to(dt).to(device)
+    residual = (torch.randn(T, D, generator=g) * 4).to(dt).to(device)
+    norm_w = (1 + torch.randn(D, generator=g) * 0.2).to(dt).to(device)
+    add_rms_norm = make_add_rms_norm(None)
+    with pdl.scope(use_pdl):
+        for x, w, kw in ((x_o, o_w, {}), (gate_up, down_w, {"gated": True})):
+            y = fn(x, *w, 128, **kw)
+            x_ref, res_ref = add_rms_norm(y, residual.clone(), norm_w, eps)
+            out_ref = fn(x_ref, *next_w, 128)
+            sums, res = new_sums(1, T, device)[0], residual.clone()
+            assert fn(x, *w, 128, add=AddOut(res, sums), **kw) is res
+            assert torch.equal(res, res_ref), kw
+            exact = res.double().pow(2).sum(-1)
+            assert ((row_sums(sums).double() - exact).abs() <= 1e-6 * exact + 1e-9).all()
+            out = fn(res, *next_w, 128, norm=NormIn(norm_w, eps, sums))
+            assert rel_err(out, out_ref) < 1e-2, kw
+    # past max_m: SwiGLU, the GEMM, the add in torch: the residual of SwiGLU-down, then add
+    rows = dec.as_dict()["max_m"] + 1
+    gate_up = torch.randn(rows, 2 * K, generator=g).to(dt).to(device)
+    residual = torch.randn(rows, D, generator=g).to(dt).to(device)
+    sums, res = new_sums(1, rows, device)[0], residual.clone()
+    fn(gate_up, *down_w, 128, gated=True, add=AddOut(res, sums))
+    y = fn(make_swiglu(None)(gate_up), *down_w, 128)
+    assert torch.equal(res, (y.float() + residual.float()).to(dt))

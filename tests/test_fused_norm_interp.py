@@ -28,6 +28,7 @@ else:
         qkv_rope_norm_in,
         sums_do_not_depend_on_the_programs,
         swiglu_down_adds,
+        w4a16_folds,
     )
 
     @pytest.mark.parametrize("T", [1, 2])
@@ -56,3 +57,9 @@ else:
     @pytest.mark.parametrize("T", [1, 2])
     def test_qkv_rope_gemv_normalizes_as_it_loads(T):
         qkv_rope_norm_in(T, "cpu")
+
+    @pytest.mark.parametrize(
+        "T,packed,use_pdl", [(1, False, False), (2, False, True), (1, True, False)]
+    )
+    def test_w4a16_gemvs_fold_the_norms(T, packed, use_pdl):
+        w4a16_folds(T, "cpu", packed, use_pdl)

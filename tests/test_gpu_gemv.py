@@ -263,3 +263,15 @@ def test_norm_folding_edge_cases():
         swiglu_down_adds(T, DEV)
         fp8_norm_in_quantizes_after_the_norm(T, DEV)
         qkv_rope_norm_in(T, DEV)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("use_pdl", [False, True])
+def test_w4a16_gemvs_fold_the_norms(packed, use_pdl):
+    """INT4: the W4A16 GEMVs (fp32 and packed kernels) adding into the residual stream give
+    the add + RMSNorm kernel's residual bits (o, and down with SwiGLU inside), the next one
+    normalizing as it loads matches the unfused chain (tests/fused_norm_checks.py)."""
+    from fused_norm_checks import w4a16_folds
+
+    for T in (1, 2):
+        w4a16_folds(T, DEV, packed, use_pdl)

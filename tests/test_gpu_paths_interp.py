@@ -21,7 +21,7 @@ pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
         ("qwen2", "fp8", ""),
         ("llama", "none", "fold"),
         ("qwen2", "fp8", "fold"),
-        ("llama", "int4_awq", ""),
+        ("llama", "int4_awq", "fold"),
     ],
 )
 def test_gpu_code_paths_match_the_cpu_engine(family, quant, fold):

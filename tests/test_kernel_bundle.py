@@ -47,6 +47,19 @@ def _launches(b: BuildConfig, m=LLAMA_3_1_8B, choices=None) -> list:
     return engine_launches(m, QuantConfig(), b, choices, shapes)
 
 
+def _decode_step_launches(decoder, kv, b: BuildConfig, batches) -> list:
+    """The launches of the dry-run decoder's decode steps at these batch sizes."""
+    from ingot.compiler import kernel_bundle as kb
+
+    width = -(-b.max_seq_len // b.tokens_per_block)
+    with kb.recorded_launches() as specs:
+        for n in batches:
+            meta = kb._meta_batch([1] * n, width, b.max_seq_len)
+            ids = torch.empty(n, dtype=torch.int32, device="meta")
+            decoder.logits(decoder.forward(ids, ids, meta, kv))
+    return specs
+
+
 def test_dry_run_records_every_decode_split_plan():
     m = LLAMA_3_1_8B
     b = BuildConfig(max_batch_size=256, max_seq_len=8192, tokens_per_block=32, target="sm_90")
@@ -213,13 +226,7 @@ def test_folded_norm_decode_steps_launch_bundled_binaries(pdl):
     assert plain < bundle  # the folded variants, besides all the plain ones (larger batches)
     decoder, kv = kb.dry_run_decoder(m, QuantConfig(), b, choices, shapes)
     assert decoder.fold_rows == 1
-    width = -(-b.max_seq_len // b.tokens_per_block)
-    i32 = dict(dtype=torch.int32, device="meta")
-    with kb.recorded_launches() as specs:
-        for lens in ([1], [1, 1], [1] * 8):
-            meta = kb._meta_batch(lens, width, b.max_seq_len)
-            ids = torch.empty(len(lens), **i32)
-            decoder.logits(decoder.forward(ids, ids, meta, kv))
+    specs = _decode_step_launches(decoder, kv, b, (1, 2, 8))
     assert binaries(specs) <= bundle
     assert binaries(specs) - plain  # the batch-1 step ran folded variants
 
@@ -289,3 +296,39 @@ def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
                 assert _constexpr(spec, kernel, "GATED") is True
             else:
                 assert names == kernels, names
+
+
+def test_int4_engine_with_folded_norms_launches_bundled_binaries():
+    """An INT4 engine built with fused_norms folds its norms into the W4A16 GEMVs (qkv and
+    gate_up normalize, o and down add; down with SwiGLU inside) at batch 1 and bundles those
+    variants; its decode steps launch only binaries the bundle holds."""
+    from dataclasses import replace
+
+    from ingot.compiler import kernel_bundle as kb
+    from ingot.compiler.quantize.layout import checkpoint_layout
+    from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.quant import unused_plugins
+
+    m, q = LLAMA_3_1_8B, QuantConfig(mode="int4_awq")
+    b = BuildConfig(max_batch_size=4, max_seq_len=512, max_num_tokens=256,
+                    tokens_per_block=64, target="sm_90", pdl=True, fused_norms=True)  # fmt: skip
+    st = {"I32": torch.int32, "BF16": torch.bfloat16, "F32": torch.float32}
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    unused = unused_plugins(q.mode)
+    choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
+    bundle = kb.engine_launches(m, q, b, choices, shapes)
+    plain = kb.engine_launches(m, q, replace(b, fused_norms=False), choices, shapes)
+    decoder, kv = kb.dry_run_decoder(m, q, b, choices, shapes)
+    assert decoder.fold_rows == tw._split_params(None)[0]["max_m"] == 1
+    fn = tw._w4a16_gemv_kernel
+    variants = {(_constexpr(s, fn, "NORM"), _constexpr(s, fn, "ADD_OUT"), _constexpr(s, fn, "GATED"))
+                for s in bundle if s.fn.endswith(":_w4a16_gemv_kernel")}  # fmt: skip
+    # qkv / gate_up normalize, o adds, down adds with SwiGLU inside; the last layer plain
+    assert {(True, False, False), (False, True, False), (False, True, True),
+            (False, False, False), (False, False, True)} <= variants  # fmt: skip
+    assert binaries(plain) < binaries(bundle)
+    specs = _decode_step_launches(decoder, kv, b, (1, 2, 4))
+    assert binaries(specs) <= binaries(bundle)
+    assert binaries(specs) - binaries(plain)  # the batch-1 step ran folded variants

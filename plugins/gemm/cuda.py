@@ -145,7 +145,7 @@ def _gemv_fma(
 
 
 @triton.jit
-def _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr):
+def norm_scale(ss_ptr, rm_c, sss, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr):
     """RMSNorm's 1 / rms [BLOCK_M] of rows rm_c from their fixed-point sums of squares
     (fused_norm.py: the fine sum in 2^-32 units, the coarse one once it reaches 2^30)."""
     if NORM:
@@ -207,7 +207,7 @@ def gemv_acc(
             w2 = _load_w(w_ptrs, 2 * BLOCK_K, K, True, BLOCK_K)
             w3 = _load_w(w_ptrs, 3 * BLOCK_K, K, True, BLOCK_K)
         pdl_begin(PDL)
-        rstd = _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)  # (after the wait)
+        rstd = norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)  # (after the wait)
         acc = _gemv_fma(acc, w0, x_ptrs, 0, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC,
                         GATED, QUANT_X, NORM, wn_ptr, rstd)  # fmt: skip
         if PRE >= 2:
@@ -222,7 +222,7 @@ def gemv_acc(
                             BLOCK_M, BLOCK_N, BLOCK_K, VEC, GATED, QUANT_X, NORM, wn_ptr,
                             rstd)  # fmt: skip
     else:
-        rstd = _norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)
+        rstd = norm_scale(ss_ptr, rm_c, sss, K, eps, NORM, BLOCK_M)
     # NOTE: never a lower bound past the upper one (PDL with K < START): the unrolled loop's
     # trip count then came out wrong and it read far past the weights (H200: illegal address
     # with tiny models; scripts/pdl_stress.py)
@@ -236,6 +236,22 @@ def gemv_acc(
         acc = _gemv_fma(acc, wt, x_ptrs, k_full, K, sx, True, BLOCK_M, BLOCK_N, BLOCK_K, VEC,
                         GATED, QUANT_X, NORM, wn_ptr, rstd)  # fmt: skip
     return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def store_add_out(y, out_ptr, o_ptrs, om, rm, mm, sums_ptr, sss):
+    """A GEMV's AddOut epilogue (fused_norm.py): y [BLOCK_M, BLOCK_N] rounded to out's dtype
+    and added into the residual stream at o_ptrs (rounded again), the new values' squares
+    summed per row (rm, in range mm) into the fixed-point sums: fine at sums_ptr, coarse sss
+    further."""
+    dt = out_ptr.dtype.element_ty
+    h = (y.to(dt).to(tl.float32) + tl.load(o_ptrs, mask=om, other=0.0).to(tl.float32)).to(dt)
+    tl.store(o_ptrs, h, mask=om)
+    h = tl.where(om, h.to(tl.float32), 0.0)
+    share = tl.sum(h * h, axis=1)  # [BLOCK_M]: this program's columns
+    # fixed point: the sums do not depend on the programs' order (fused_norm.py)
+    tl.atomic_add(sums_ptr + rm, (share * _FINE + 0.5).to(tl.int64), mask=mm, sem="relaxed")
+    tl.atomic_add(sums_ptr + sss + rm, (share + 0.5).to(tl.int64), mask=mm, sem="relaxed")
 
 
 @triton.jit
@@ -316,14 +332,7 @@ def _gemv_kernel(
     o_ptrs = out_ptr + rm[:, None] * som + rn[None, :]
     om = mm[:, None] & nm[None, :]
     if ADD_OUT:
-        dt = out_ptr.dtype.element_ty
-        h = (y.to(dt).to(tl.float32) + tl.load(o_ptrs, mask=om, other=0.0).to(tl.float32)).to(dt)
-        tl.store(o_ptrs, h, mask=om)
-        h = tl.where(om, h.to(tl.float32), 0.0)
-        share = tl.sum(h * h, axis=1)  # [BLOCK_M]: this program's columns
-        # fixed point: the sums do not depend on the programs' order (fused_norm.py)
-        tl.atomic_add(sums_ptr + rm, (share * _FINE + 0.5).to(tl.int64), mask=mm, sem="relaxed")
-        tl.atomic_add(sums_ptr + sss + rm, (share + 0.5).to(tl.int64), mask=mm, sem="relaxed")
+        store_add_out(y, out_ptr, o_ptrs, om, rm, mm, sums_ptr, sss)
     else:
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=om)
 

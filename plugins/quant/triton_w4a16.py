@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gemm.cuda import norm_args, norm_scale, store_add_out
+from ..gemm.fused_norm import AddOut, NormIn, add_output, normed_input
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
 from .reference import W4_BLOCK
@@ -142,16 +144,25 @@ def _times_pqs(x, p):
 
 
 @triton.jit
-def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr,
-              GATED: tl.constexpr, up):  # fmt: skip
+def _x_nibble(x_ptrs, p_ptrs, n_ptrs, j: tl.constexpr, mask, up, rstd, HAS_PQS: tl.constexpr,
+              MASKED: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     """The activations that meet nibble j of the loaded words, in fp32; with HAS_PQS,
     x * pre_quant_scale rounded to x's dtype first, as the reference does. GATED: x rows are
     [gate | up] (`up` elements apart) and x = silu(gate) * up, in fp32 rounded once to the
-    model dtype, as the SwiGLU kernel writes it."""
+    model dtype, as the SwiGLU kernel writes it. NORM: x rows are the residual stream,
+    RMSNorm-ed as the add + RMSNorm kernel would (rstd [BM, 1, 1], the norm weight at n_ptrs;
+    plugins/gemm/fused_norm.py)."""
     if MASKED:
         xj = tl.load(x_ptrs + 16 * j, mask=mask, other=0.0)
     else:
         xj = tl.load(x_ptrs + 16 * j)
+    if NORM:
+        if MASKED:
+            wn = tl.load(n_ptrs + 16 * j, mask=mask, other=0.0)
+        else:
+            wn = tl.load(n_ptrs + 16 * j)
+        h = (xj.to(tl.float32) * rstd).to(xj.dtype)
+        xj = (h.to(tl.float32) * wn.to(tl.float32)).to(xj.dtype)
     if GATED:
         if MASKED:
             uj = tl.load(x_ptrs + up + 16 * j, mask=mask, other=0.0)
@@ -169,12 +180,13 @@ def _x_nibble(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASK
 
 
 @triton.jit
-def _x_pair(x_ptrs, p_ptrs, j: tl.constexpr, mask, HAS_PQS: tl.constexpr, MASKED: tl.constexpr,
-            GATED: tl.constexpr, up):  # fmt: skip
+def _x_pair(x_ptrs, p_ptrs, n_ptrs, j: tl.constexpr, mask, up, rstd, HAS_PQS: tl.constexpr,
+            MASKED: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     """The bf16 activations that meet nibbles j and j + 4 of the loaded words, packed as one
     bf16x2 word (nibble j's in the low half), as the packed dot's registers hold its weights."""
-    lo = _x_nibble(x_ptrs, p_ptrs, j, mask, HAS_PQS, MASKED, GATED, up).to(tl.bfloat16)  # exact
-    hi = _x_nibble(x_ptrs, p_ptrs, j + 4, mask, HAS_PQS, MASKED, GATED, up).to(tl.bfloat16)
+    lo = _x_nibble(x_ptrs, p_ptrs, n_ptrs, j, mask, up, rstd, HAS_PQS, MASKED, GATED, NORM)
+    hi = _x_nibble(x_ptrs, p_ptrs, n_ptrs, j + 4, mask, up, rstd, HAS_PQS, MASKED, GATED, NORM)
+    lo, hi = lo.to(tl.bfloat16), hi.to(tl.bfloat16)  # exact: bf16 values
     lo = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
     return lo | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
 
@@ -279,11 +291,13 @@ def _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic):
 
 
 @triton.jit
-def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):  # fmt: skip
+def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     """This program's rows of the weight (rn, in range nm, clamped rn_c: rows past N re-read
-    row 0 and are masked at the store) and of x (rm, mm), and the first chunk's pointers for
-    words rw [1, 1, BKW]: weights [1, BN, BKW], x and pre_quant_scale [BM, 1, BKW]."""
+    row 0 and are masked at the store) and of x (rm, mm), the first chunk's pointers for words
+    rw [1, 1, BKW] (weights [1, BN, BKW]; x, pre_quant_scale and NORM's norm weight
+    [BM, 1, BKW]) and NORM's 1 / rms of x's rows [BM, 1, 1] (after the PDL wait: the sums are
+    the kernel before's)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = rn < N
     rn_c = tl.where(nm, rn, 0)
@@ -292,17 +306,28 @@ def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M: tl.constexpr,
     rm_c = tl.where(mm, rm, 0)
     w_ptrs = qw_ptr + rn_c.to(tl.int64)[None, :, None] * (KB * 16) + rw
     x_off = (rw // 16) * 128 + rw % 16  # nibble j of word w meets x[128 (w // 16) + 16 j + w % 16]
-    return rn, nm, rn_c, rm, mm, w_ptrs, x_ptr + rm_c[:, None, None] * sxm + x_off, pqs_ptr + x_off
+    x_ptrs = x_ptr + rm_c[:, None, None] * sxm + x_off
+    n_ptrs = x_ptrs  # unused without NORM
+    if NORM:
+        n_ptrs = wn_ptr + x_off
+    rstd = norm_scale(ss_ptr, rm_c, sss, KB * 128, eps, NORM, BLOCK_M)[:, None, None]
+    return rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, pqs_ptr + x_off, n_ptrs, rstd
 
 
 @triton.jit
-def _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS: tl.constexpr):
-    """out[rm, rn] = the sum of acc [BM, BN, *] over its last axis (+ bias)."""
+def _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss,
+                HAS_BIAS: tl.constexpr, ADD_OUT: tl.constexpr):  # fmt: skip
+    """out[rm, rn] = the sum of acc [BM, BN, *] over its last axis (+ bias); ADD_OUT: added
+    into out, the residual stream, with the rows' sums of squares (fused_norm.py)."""
     y = tl.sum(acc, axis=2)  # [BM, BN]
     if HAS_BIAS:
         y += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
     o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
-    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+    om = mm[:, None] & nm[None, :]
+    if ADD_OUT:
+        store_add_out(y, out_ptr, o_ptrs, om, rm, mm, sums_ptr, sss)
+    else:
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=om)
 
 
 @triton.jit
@@ -311,17 +336,21 @@ def _w4a16_gemv_kernel(
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
     STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
+    NORM: tl.constexpr = False, wn_ptr=None, ss_ptr=None, eps=0.0,
+    ADD_OUT: tl.constexpr = False, sums_ptr=None, sss=0,
 ):  # fmt: skip
     """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[n, k] - 8) * scales[n, k // G] (+ b[n]) for
     m < T and this program's BLOCK_N rows; KB = K / 128 blocks per row. Tensors are
     [BLOCK_M, BLOCK_N, BLOCK_G * 16]: x rows, weight rows, words of the chunk.
     MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial). GATED: x rows are
-    [gate | up], 2K wide, and x = silu(gate) * up (the MLP's down projection; `_x_nibble`)."""
+    [gate | up], 2K wide, and x = silu(gate) * up (the MLP's down projection; `_x_nibble`).
+    NORM / ADD_OUT: the RMSNorm folded in, as `plugins/gemm/cuda.py:_gemv_kernel` (x is the
+    residual stream, normalized as loaded / the output is added into the residual stream)."""
     pdl_begin(PDL)
     BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
     rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
-    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs = _gemv_ptrs(
-        x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M, BLOCK_N
+    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs, n_ptrs, rstd = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps, BLOCK_M, BLOCK_N, NORM
     )
     s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
     s_ptrs += rw // (16 * BLOCKS_PER_GROUP)
@@ -334,17 +363,18 @@ def _w4a16_gemv_kernel(
         else:
             words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
             sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
-        xo, po = x_ptrs + g0 * 128, p_ptrs + g0 * 128
+        xo, po, no = x_ptrs + g0 * 128, p_ptrs + g0 * 128, n_ptrs + g0 * 128
         part = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
         for h in tl.static_range(2):
             half = words
             if h == 1:
                 half = words >> 16  # nibbles 4..7 (the masks below drop the sign bits)
             for j in tl.static_range(4):
-                xj = _x_nibble(xo, po, 4 * h + j, wm, HAS_PQS, MASKED, GATED, KB * 128)
+                xj = _x_nibble(xo, po, no, 4 * h + j, wm, KB * 128, rstd, HAS_PQS, MASKED,
+                               GATED, NORM)  # fmt: skip
                 part += xj * _nibble_minus_8(half, j, magic)
         acc += part * sc.to(tl.float32)
-    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
+    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)
 
 
 @triton.jit
@@ -353,6 +383,8 @@ def _w4a16_gemv_packed_kernel(
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
     STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
+    NORM: tl.constexpr = False, wn_ptr=None, ss_ptr=None, eps=0.0,
+    ADD_OUT: tl.constexpr = False, sums_ptr=None, sss=0,
 ):  # fmt: skip
     """`_w4a16_gemv_kernel`'s contract for bf16 x, in bf16x2 arithmetic (`_packed_quad`): the
     activations of each nibble pair are packed once per chunk (shared by the BLOCK_N rows),
@@ -362,8 +394,8 @@ def _w4a16_gemv_packed_kernel(
     pdl_begin(PDL)
     BKW: tl.constexpr = BLOCK_G * 16
     rw = tl.arange(0, BKW)[None, None, :]
-    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs = _gemv_ptrs(
-        x_ptr, qw_ptr, pqs_ptr, T, N, KB, sxm, rw, BLOCK_M, BLOCK_N
+    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs, n_ptrs, rstd = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps, BLOCK_M, BLOCK_N, NORM
     )
     rq = tl.arange(0, BLOCK_G * 4)[None, None, :]  # 4 words each, block rq // 4
     s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
@@ -377,13 +409,13 @@ def _w4a16_gemv_packed_kernel(
         else:
             words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
             sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
-        xo, po = x_ptrs + g0 * 128, p_ptrs + g0 * 128
-        xp0 = _x_pair(xo, po, 0, wm, HAS_PQS, MASKED, GATED, KB * 128)
-        xp1 = _x_pair(xo, po, 1, wm, HAS_PQS, MASKED, GATED, KB * 128)
-        xp2 = _x_pair(xo, po, 2, wm, HAS_PQS, MASKED, GATED, KB * 128)
-        xp3 = _x_pair(xo, po, 3, wm, HAS_PQS, MASKED, GATED, KB * 128)
+        xo, po, no = x_ptrs + g0 * 128, p_ptrs + g0 * 128, n_ptrs + g0 * 128
+        xp0 = _x_pair(xo, po, no, 0, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+        xp1 = _x_pair(xo, po, no, 1, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+        xp2 = _x_pair(xo, po, no, 2, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+        xp3 = _x_pair(xo, po, no, 3, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
         acc += _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic) * sc.to(tl.float32)
-    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, HAS_BIAS)
+    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)
 
 
 @triton.jit
@@ -466,11 +498,13 @@ def kernel_ok(
 
 
 def launch_w4a16(
-    x, qweight, scales, pre_quant_scale, group_size, bias, out, params, decode, gated=False
-):
+    x, qweight, scales, pre_quant_scale, group_size, bias, out, params, decode, gated=False,
+    norm: NormIn | None = None, add: AddOut | None = None,
+):  # fmt: skip
     """Run the GEMV (decode) or GEMM kernel with `params` into out [T, N]; checked by kernel_ok.
-    gated (GEMV only): x is [T, 2K], gate then up, and the input is silu(gate) * up."""
-    assert decode or not gated, "the GEMM path takes SwiGLU's output"
+    GEMV only: gated: x is [T, 2K], gate then up, and the input is silu(gate) * up; norm /
+    add: the RMSNorm folded in (`folds_ok`; out is then add.residual)."""
+    assert decode or (not gated and norm is None and add is None), "the GEMM path: unfused"
     T, K = x.shape[0], x.shape[1] // (2 if gated else 1)
     N = qweight.shape[0]
     if T == 0 or N == 0:
@@ -491,6 +525,7 @@ def launch_w4a16(
             *args, kb, x.stride(0), out.stride(0), _MAGIC, *extra,
             BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
             BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
+            **norm_args(norm), **add_args(add),
         )  # fmt: skip
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
@@ -499,6 +534,40 @@ def launch_w4a16(
             GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, **common,
         )  # fmt: skip
     return out
+
+
+def add_args(add: AddOut | None) -> dict:
+    """The GEMV's ADD_OUT arguments (none without one)."""
+    if add is None:
+        return {}
+    return dict(ADD_OUT=True, sums_ptr=add.sums, sss=add.sums.stride(0))
+
+
+def folds_ok(x, qweight, norm: NormIn | None, add: AddOut | None) -> bool:
+    """The GEMV can take the norm before it (x is then the residual stream) and the residual
+    add after it as they are laid out (True without either)."""
+    T, N = x.shape[0], qweight.shape[0]
+    sums = [f.sums for f in (norm, add) if f is not None]
+    return (
+        all(s.shape == (2, T) and s.stride(1) == 1 for s in sums)
+        and len({s.stride(0) for s in sums}) <= 1  # one `sss` for both
+        and (
+            norm is None
+            or (
+                norm.weight.dtype == x.dtype
+                and norm.weight.is_contiguous()
+                and norm.weight.shape == (x.shape[1],)
+            )
+        )  # fmt: skip
+        and (
+            add is None
+            or (
+                add.residual.dtype == x.dtype
+                and add.residual.shape == (T, N)
+                and add.residual.stride(1) == 1
+            )
+        )  # fmt: skip
+    )
 
 
 def make_w4a16_linear(tactic: Tactic | None = None):
@@ -519,11 +588,15 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         *,
         out: torch.Tensor | None = None,
         gated: bool = False,
+        norm: NormIn | None = None,
+        add: AddOut | None = None,
     ) -> torch.Tensor:
         """x: [T, K] -> [T, N] in x.dtype (written into `out` if given). gated: x is [T, 2K]
         (gate, then up) and the input is silu(gate) * up, the MLP's down projection: the GEMV
         applies SwiGLU as it loads x (a launch and a pass over [T, K] fewer); larger T runs
-        the SwiGLU kernel, then the GEMM."""
+        the SwiGLU kernel, then the GEMM. norm / add: the RMSNorm folded in (fused_norm.py:
+        x is the residual stream / the output goes into add.residual, which is returned);
+        the GEMV takes them, other calls apply them in torch around the plain GEMM."""
         decode = x.dim() == 2 and x.shape[0] <= max_m
         params = dec if decode else mm
         block_k = W4_BLOCK if decode else int(params["block_k"])
@@ -531,12 +604,23 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
         if on_gpu and gated and not (decode and kernel_ok(x, *args, block_k, gated=True)):
             x, gated = swiglu(x), False
-        if not on_gpu or not kernel_ok(x, *args, block_k, gated=gated):
+        kernel = on_gpu and kernel_ok(x, *args, block_k, gated=gated)
+        if not (kernel and decode and folds_ok(x, qweight, norm, add)):
+            x = normed_input(x, norm) if norm is not None else x
+            norm, add_after, add = None, add, None  # the norm and the add in torch
+        else:
+            add_after = None
+        if not kernel:
             y = _reference(x, *args, gated=gated)
-            return y if out is None else out.copy_(y)
-        if out is None:
-            out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype, device=x.device)
-        return launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params,
-                            decode, gated)  # fmt: skip
+            y = y if out is None or add_after is not None else out.copy_(y)
+        else:
+            if add is not None:
+                out = add.residual
+            elif out is None or add_after is not None:
+                out = torch.empty((x.shape[0], qweight.shape[0]), dtype=x.dtype, device=x.device)
+            y = launch_w4a16(x, qweight, scales, pre_quant_scale, group_size, bias, out, params,
+                             decode, gated, norm, add)  # fmt: skip
+        return add_output(y, add_after) if add_after is not None else y
 
+    w4a16_linear.gemv_rows = max_m  # the passes its norms may fold into (fused_norm.py)
     return w4a16_linear
