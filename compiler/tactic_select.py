@@ -196,13 +196,15 @@ class _Shapes:
         return (x, w, *scales, b), {"out_dtype": self.dt}
 
     def w4a16_gemm(
-        self, n: int, k: int, bias: bool, group: int
+        self, n: int, k: int, bias: bool, group: int, rows: int = 1
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The engine layout: int32 words [N, K/8] (8 codes each), scales [N, K/group]."""
+        """The engine layout: int32 words [N, K/8] (8 codes each), scales [N, K/group]; x of
+        `rows` rows (1: the decode GEMV; more: the prefill GEMM)."""
         words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device=self.dev)
         scales = (torch.rand(n, k // group, device=self.dev) * 0.02 + 0.002).to(self.dt)
         pqs = (torch.rand(k, device=self.dev) + 0.5).to(self.dt)
-        return (self.t(1, k), words, scales, pqs, group, None, self.t(n) if bias else None), {}
+        x = self.t(rows, k)
+        return (x, words, scales, pqs, group, None, self.t(n) if bias else None), {}
 
 
 def pick_over_contexts(
@@ -335,6 +337,28 @@ def timed_choices(
                       predecessor(site), **check)  # fmt: skip
         return _choice(name, t, site, res)
 
+    def w4a16(site: str, n: int, k: int, bias: bool) -> PluginChoice:
+        """A W4A16 tactic is a GEMV (decode) half and a GEMM (prefill) half: each is timed
+        where it runs, the GEMV at batch 1, the GEMM at a prefill-sized batch, and the engine
+        runs the pair (timed together at batch 1, every pair sharing a GEMV tied)."""
+        from ingot.plugins.quant import triton_w4a16 as tw
+
+        name = "w4a16_gemm"
+        check = dict(reference=import_attr(get_spec(name).impls["cpu"])(None),
+                     tolerance=GEMM_TOL[name])  # fmt: skip
+        factory, rows = resolve_factory(name), min(512, build.max_num_tokens)
+        decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
+        mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
+        dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size),
+                       factory, predecessor(site), **check)  # fmt: skip
+        mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
+                      factory, None, **check)  # fmt: skip
+        pair = tw.combine_tactics(tw.DECODE_TACTICS[decs.index(dec)],
+                                  tw.GEMM_TACTICS[mms.index(mm)])  # fmt: skip
+        record = [(Tactic(f"{t.name}@b1", t.params), ms) for t, ms in r1]
+        record += [(Tactic(f"{t.name}@rows{rows}", t.params), ms) for t, ms in r2]
+        return _choice(name, pair, site, record)
+
     site_inputs = {
         "gemm": shapes.gemm,
         "fp8_gemm": shapes.fp8_gemm,
@@ -352,6 +376,9 @@ def timed_choices(
             jobs.append((name, lambda n=name: _choice(n, get_spec(n).default_tactic("cuda"))))
             for site, (n, k, bias) in gemm_sites(model).items():
                 if site == "lm_head" and name != lm_head_gemm:
+                    continue
+                if name == "w4a16_gemm":
+                    jobs.append((f"{name}@{site}", lambda s=site, a=(n, k, bias): w4a16(s, *a)))
                     continue
                 jobs.append(
                     (

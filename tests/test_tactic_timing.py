@@ -259,3 +259,41 @@ def test_gpu_builds_check_every_gemm_site_against_its_reference():
 
     for name, tol in GEMM_TOL.items():
         assert callable(import_attr(get_spec(name).impls["cpu"])(None)) and 0 < tol <= 5e-2
+
+
+def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
+    """A w4a16_gemm tactic pairs a GEMV (decode) and a GEMM (prefill) half: the build times
+    the GEMV candidates at batch 1 and the GEMM ones at a prefill-sized batch, per site, and
+    keeps the fastest of each (timed together at batch 1, the GEMM half was a tie)."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    calls = []
+
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **check):
+        assert name == "w4a16_gemm" and check["tolerance"] == 1e-2
+        gemm_half = len({c.as_dict()["mm_block_m"] for c in cands}) > 1
+        calls.append(gemm_half)
+        best = 2 if gemm_half else 3  # the GEMM tactic 2, the GEMV tactic 3 fastest
+        return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)), key=lambda r: r[1])
+
+    monkeypatch.setattr(tactics, "time_tactics", fake_time)
+    build = BuildConfig(max_batch_size=8, max_seq_len=1024, max_num_tokens=2048,
+                        tokens_per_block=64, pdl=False)  # fmt: skip
+    skip = frozenset(s.name for s in all_specs() if s.name != "w4a16_gemm")
+    choices = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
+    sites = {c.site: c for c in choices if c.site is not None}
+    assert set(sites) == {"attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"}
+    assert calls == [False, True] * 4
+    want = tw.combine_tactics(tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[2])
+    for c in sites.values():
+        assert (c.tactic, c.params) == (want.name, want.as_dict())
+        assert (
+            f"{tw.combine_tactics(tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[0]).name}@b1"
+            in c.timings_ms
+        )
+        assert (
+            f"{tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[2]).name}@rows512"
+            in c.timings_ms
+        )
