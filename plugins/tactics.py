@@ -127,6 +127,20 @@ def relative_error(out: Any, want: Any) -> float:
     return err if err == err else float("inf")  # NaN -> inf
 
 
+def _reference_output(spec_name: str, reference, args, kwargs) -> Any:
+    """The reference op's output for the candidates' check; None (no check, with a warning)
+    when there is none or it cannot run on these inputs: the check guards the build, it does
+    not stop it."""
+    if reference is None:
+        return None
+    try:
+        return reference(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - reported, the timing goes on unchecked
+        warnings.warn(f"{spec_name}: candidates not checked, the reference failed: {e}",
+                      stacklevel=3)  # fmt: skip
+        return None
+
+
 def _in_pdl_scope(fn: Callable[[], Any]) -> Callable[[], Any]:
     from .pdl import scope
 
@@ -175,7 +189,7 @@ def time_tactics(
         call = functools.partial(factory(tactic), *args, **kwargs)
         calls.append(_in_pdl_scope(call) if before else call)
     outputs = _first_calls(calls)
-    want = reference(*args, **kwargs) if reference is not None else None
+    want = _reference_output(spec_name, reference, args, kwargs)
     wrong = []
     for tactic, call, out in zip(candidates, calls, outputs, strict=True):
         if want is not None and out is not None:

@@ -297,3 +297,17 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
             f"{tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[2]).name}@rows512"
             in c.timings_ms
         )
+
+
+def test_a_reference_that_cannot_run_leaves_the_candidates_unchecked(monkeypatch):
+    """A failing reference op warns and the timing goes on (the check guards the build)."""
+    monkeypatch.setattr(tactics, "_median_ms", lambda fn, repeats, before=None: 1.0)
+    a, b = Tactic("a"), Tactic("b")
+
+    def broken_reference(x):
+        raise RuntimeError("no kernel for this dtype")
+
+    with pytest.warns(UserWarning, match="op: candidates not checked, the reference failed"):
+        res = time_tactics("op", [a, b], lambda: ((1,), {}), factory=lambda t: lambda x: x,
+                           reference=broken_reference)  # fmt: skip
+    assert dict(res) == {a: 1.0, b: 1.0}
