@@ -329,12 +329,14 @@ def timed_choices(
             return None
         return lambda: fn(*args, **kw)
 
+    def check(name: str) -> dict[str, Any]:
+        """Each candidate's output is checked against the plain-torch op before it is timed."""
+        return dict(reference=import_attr(get_spec(name).impls["cpu"])(None),
+                    tolerance=GEMM_TOL[name])  # fmt: skip
+
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
-        spec = get_spec(name)
-        # each candidate's output is checked against the plain-torch op before it is timed
-        check = dict(reference=import_attr(spec.impls["cpu"])(None), tolerance=GEMM_TOL[name])
-        t, res = best(name, spec.candidates("cuda"), inputs, resolve_factory(name),
-                      predecessor(site), **check)  # fmt: skip
+        t, res = best(name, get_spec(name).candidates("cuda"), inputs, resolve_factory(name),
+                      predecessor(site), **check(name))  # fmt: skip
         return _choice(name, t, site, res)
 
     def w4a16(site: str, n: int, k: int, bias: bool) -> PluginChoice:
@@ -344,25 +346,24 @@ def timed_choices(
         from ingot.plugins.quant import triton_w4a16 as tw
 
         name = "w4a16_gemm"
-        check = dict(reference=import_attr(get_spec(name).impls["cpu"])(None),
-                     tolerance=GEMM_TOL[name])  # fmt: skip
         factory, rows = resolve_factory(name), min(512, build.max_num_tokens)
         decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
         mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
         dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size),
-                       factory, predecessor(site), **check)  # fmt: skip
+                       factory, predecessor(site), **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
-                      factory, None, **check)  # fmt: skip
+                      factory, None, **check(name))  # fmt: skip
         pair = tw.combine_tactics(tw.DECODE_TACTICS[decs.index(dec)],
                                   tw.GEMM_TACTICS[mms.index(mm)])  # fmt: skip
         record = [(Tactic(f"{t.name}@b1", t.params), ms) for t, ms in r1]
         record += [(Tactic(f"{t.name}@rows{rows}", t.params), ms) for t, ms in r2]
         return _choice(name, pair, site, record)
 
-    site_inputs = {
-        "gemm": shapes.gemm,
-        "fp8_gemm": shapes.fp8_gemm,
-        "w4a16_gemm": lambda n, k, b: shapes.w4a16_gemm(n, k, b, group_size),
+    # the GEMM plugins, timed per use site: (site, N, K, has_bias) -> choice
+    site_jobs = {
+        "gemm": lambda s, n, k, b: gemm("gemm", s, lambda: shapes.gemm(n, k, b)),
+        "fp8_gemm": lambda s, n, k, b: gemm("fp8_gemm", s, lambda: shapes.fp8_gemm(n, k, b)),
+        "w4a16_gemm": w4a16,
     }
     # the one GEMM plugin the lm_head runs: only that one is timed at its site
     lm_head_gemm = "fp8_gemm" if quant_lm_head else "gemm"
@@ -371,21 +372,13 @@ def timed_choices(
             continue
         if spec.name == "paged_attention":
             jobs.append(("paged_attention", attention))
-        elif spec.name in site_inputs:
-            name, make = spec.name, site_inputs[spec.name]
+        elif spec.name in site_jobs:
+            name, job = spec.name, site_jobs[spec.name]
             jobs.append((name, lambda n=name: _choice(n, get_spec(n).default_tactic("cuda"))))
             for site, (n, k, bias) in gemm_sites(model).items():
                 if site == "lm_head" and name != lm_head_gemm:
                     continue
-                if name == "w4a16_gemm":
-                    jobs.append((f"{name}@{site}", lambda s=site, a=(n, k, bias): w4a16(s, *a)))
-                    continue
-                jobs.append(
-                    (
-                        f"{name}@{site}",
-                        lambda nm=name, s=site, a=(n, k, bias), f=make: gemm(nm, s, lambda: f(*a)),
-                    )
-                )
+                jobs.append((f"{name}@{site}", lambda j=job, s=site, a=(n, k, bias): j(s, *a)))
         else:
             jobs.append((spec.name, lambda name=spec.name: simple(name)))
     out = []

@@ -388,8 +388,9 @@ def _w4a16_gemv_packed_kernel(
 ):  # fmt: skip
     """`_w4a16_gemv_kernel`'s contract for bf16 x, in bf16x2 arithmetic (`_packed_quad`): the
     activations of each nibble pair are packed once per chunk (shared by the BLOCK_N rows),
-    and a thread's 4 words share one scale, so scales are loaded and applied per 4 words,
-    in the layout of the sums (no shared-memory exchange). Tensors are [BLOCK_M, BLOCK_N,
+    and a thread's 4 words share one scale, so scales are loaded and applied per 4 words
+    (Triton still loads them in a layout of its own: one small shared-memory exchange per
+    chunk, against four for the fp32 kernel's per-word scales). Tensors are [BLOCK_M, BLOCK_N,
     BLOCK_G * 16] (words) and [BLOCK_M, BLOCK_N, BLOCK_G * 4] (a thread's 4 words)."""
     pdl_begin(PDL)
     BKW: tl.constexpr = BLOCK_G * 16
