@@ -68,9 +68,10 @@ def report() -> list[dict]:
         p = tactic.as_dict()
         body, regs = loop_body(compile_gemv(p).asm["cubin"])
         weights = p["block_n"] * p["block_g"] * 128 / (32 * p["num_warps"])  # a thread's, a chunk
-        top = collections.Counter(body).most_common(6)
+        ops = collections.Counter(body)
+        top = ops.most_common(6)
         rows.append({"tactic": tactic.name, "registers": regs, "loop_instructions": len(body),
-                     "per_weight": len(body) / weights, "top": top})  # fmt: skip
+                     "per_weight": len(body) / weights, "top": top, "ops": dict(ops)})  # fmt: skip
         print(f"{tactic.name:28s} regs {regs:3d} loop {len(body):5d} "
               f"{len(body) / weights:5.2f}/weight  {top[:4]}")  # fmt: skip
     return rows
