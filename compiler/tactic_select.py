@@ -368,7 +368,7 @@ def timed_choices(
     # the one GEMM plugin the lm_head runs: only that one is timed at its site
     lm_head_gemm = "fp8_gemm" if quant_lm_head else "gemm"
     for spec in specs_for("cuda"):
-        if spec.name in skip or spec.name == "qkv_rope_gemm":  # derived below, not timed
+        if spec.name in skip or spec.name in QKV_ROPE_OF:  # derived below, not timed
             continue
         if spec.name == "paged_attention":
             jobs.append(("paged_attention", attention))
@@ -387,20 +387,23 @@ def timed_choices(
         if progress:
             progress("timing tactics", i + 1, len(jobs))
     torch.cuda.empty_cache()
-    if "qkv_rope_gemm" not in skip:
-        out.append(qkv_rope_choice(out))
+    out += [qkv_rope_choice(out, name) for name in QKV_ROPE_OF if name not in skip]
     return out
 
 
-def qkv_rope_choice(choices: list[PluginChoice]) -> PluginChoice:
+# the QKV GEMVs with RoPE in their epilogue -> the GEMM plugin whose attn.qkv tactic they run
+QKV_ROPE_OF = {"qkv_rope_gemm": "gemm", "fp8_qkv_rope_gemm": "fp8_gemm"}
+
+
+def qkv_rope_choice(choices: list[PluginChoice], name: str = "qkv_rope_gemm") -> PluginChoice:
     """The QKV GEMV with RoPE in its epilogue runs the tactic timed fastest for the attn.qkv
-    GEMM (its epilogue is a few stores; timing it again would cost the build a compile per
-    tactic), or the default GEMV tactic when cuBLAS won there."""
-    spec = get_spec("qkv_rope_gemm")
-    qkv = next((c for c in choices if c.name == "gemm" and c.site == "attn.qkv"), None)
+    GEMM of its kind (its epilogue is a few stores; timing it again would cost the build a
+    compile per tactic), or the default GEMV tactic when cuBLAS(Lt) won there."""
+    spec, gemm = get_spec(name), QKV_ROPE_OF[name]
+    qkv = next((c for c in choices if c.name == gemm and c.site == "attn.qkv"), None)
     names = {t.name for t in spec.candidates("cuda")}
     tactic = spec.find_tactic("cuda", qkv.tactic) if qkv and qkv.tactic in names else None
-    return _choice("qkv_rope_gemm", tactic or spec.default_tactic("cuda"))
+    return _choice(name, tactic or spec.default_tactic("cuda"))
 
 
 def can_time_on(target: str) -> bool:

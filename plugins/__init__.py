@@ -134,6 +134,14 @@ _op(
     "quant.cuda_fp8:make_fp8_swiglu_linear",
     "quant.cuda_fp8:FP8_GEMM_TACTICS",
 )
+# FP8 engines: the FP8 QKV projection with RoPE and the KV write in its epilogue
+_op(
+    "fp8_qkv_rope_gemm",
+    (("num_heads", "int32"), ("num_kv_heads", "int32"), ("tokens_per_block", "int32")),
+    "quant.reference:make_fp8_qkv_rope_linear",
+    "gemm.qkv_rope:make_fp8_qkv_rope_linear",
+    "gemm.qkv_rope:FP8_QKV_ROPE_TACTICS",
+)
 _op(
     "w4a16_gemm",
     (("group_size", "int32"),),

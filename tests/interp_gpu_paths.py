@@ -189,7 +189,9 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     ex = Executor(gpu, device=torch.device("cpu"), num_kv_blocks=64)
     # an FP8 pool's decode rows: V stored by the attention kernel (new_v), not by RoPE (an
     # option, off by default: runtime/model.py)
-    ex.decoder.decode_writes_v = quant == "fp8"
+    # (unfolded only: the folded run takes the FP8 QKV GEMV with RoPE in its epilogue, which
+    # stores V itself)
+    ex.decoder.decode_writes_v = quant == "fp8" and not fold
     width = ex.scheduler.config.max_blocks_per_seq
     ex.graphs = cg.DecodeGraphs(ex.decoder, ex.kv, 8, width, 256, torch.device("cpu"))
     ex.prefill_graphs = cg.PrefillGraphs(

@@ -81,17 +81,10 @@ def _same_layout_copy(v_cache: torch.Tensor) -> torch.Tensor:
     return to_v_layout(v_cache, transposed=True)
 
 
-def qkv_rope_fused_vs_unfused(
-    tactic, T, heads, kv_heads, hd, kv_dtype, bias=False, exact=True, dtype=torch.bfloat16,
-    device="cpu", K=192,
-):  # fmt: skip
-    """The QKV GEMV with RoPE + KV write in its epilogue against the GEMV then the RoPE + KV
-    write kernel (same tactic), and against the CPU reference within bf16 tolerance: q, the
-    K/V caches (slots written, a padding slot -1 skipped, all else untouched). exact: the
-    same bits (the interpreter; on the GPU the compiler may contract differently)."""
+def _qkv_rope_case(T, heads, kv_heads, hd, kv_dtype, bias, dtype, device, K):
+    """Inputs of a QKV-RoPE check: x, w, b, positions, cos, sin, slots, the FP8 cache's
+    scales, and a function giving fresh caches (K filled with 0.25, V with 0.5)."""
     from ingot.plugins.attention.layout import v_like
-    from ingot.plugins.gemm import qkv_rope
-    from ingot.plugins.gemm import reference as gemm_ref
     from ingot.plugins.rope import reference as rope_ref
 
     gen = torch.Generator().manual_seed(T * 7 + hd + K)
@@ -121,25 +114,13 @@ def qkv_rope_fused_vs_unfused(
         v.fill_(0.5)
         return k, v
 
-    runs = {}
-    for name, fn in (
-        ("fused", qkv_rope.make_qkv_rope_linear(tactic)),
-        ("reference", gemm_ref.make_qkv_rope_linear(None)),
-    ):
-        kc, vc = caches()
-        q = fn(x, w, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales)
-        runs[name] = (q, kc, vc)
-    assert qkv_rope.fusable(x, w, b, heads, kv_heads, tactic.as_dict())
-    # unfused: the GEMV of the same tactic, then the RoPE + KV write kernel
-    from ingot.plugins.gemm.cuda import make_linear
-    from ingot.plugins.rope.triton_kernels import make_rope_write_kv
+    return x, w, b, pos, cos, sin, slots, scales, caches
 
-    kc, vc = caches()
-    q = gemm_ref.unfused_qkv_rope(
-        make_linear(tactic), make_rope_write_kv(None), x, w, b, pos, cos, sin, kc, vc, slots,
-        heads, kv_heads, **scales,
-    )  # fmt: skip
-    runs["unfused"] = (q, kc, vc)
+
+def _compare_qkv_rope_runs(runs, slots, exact, device, bs=16):
+    """runs: name -> (q, k cache, v cache) of "fused", "unfused" and "reference": fused and
+    unfused the same bits (exact) or within rounding, both near the reference; slots not
+    written keep their fill."""
     fq, fk, fv = runs["fused"]
     uq, uk, uv = runs["unfused"]
     if exact:
@@ -153,13 +134,94 @@ def qkv_rope_fused_vs_unfused(
     rq, rk, rv = runs["reference"]
     assert rel_err(fq.float(), rq.float()) < 2e-2
     written = slots[slots >= 0].long()
+    n_slots = fk.shape[0] * bs
     for got, want, fill in ((fk, rk, 0.25), (fv, rv, 0.5)):
         g, r = got.float(), want.float()
         assert rel_err(g[written // bs, written % bs], r[written // bs, written % bs]) < 6e-2
-        untouched = torch.ones(4 * bs, dtype=torch.bool, device=device)
+        untouched = torch.ones(n_slots, dtype=torch.bool, device=device)
         untouched[written] = False
-        gu = g.reshape(4 * bs, -1)[untouched]
+        gu = g.reshape(n_slots, -1)[untouched]
         assert torch.equal(gu, torch.full_like(gu, fill))
+
+
+def qkv_rope_fused_vs_unfused(
+    tactic, T, heads, kv_heads, hd, kv_dtype, bias=False, exact=True, dtype=torch.bfloat16,
+    device="cpu", K=192,
+):  # fmt: skip
+    """The QKV GEMV with RoPE + KV write in its epilogue against the GEMV then the RoPE + KV
+    write kernel (same tactic), and against the CPU reference within bf16 tolerance: q, the
+    K/V caches (slots written, a padding slot -1 skipped, all else untouched). exact: the
+    same bits (the interpreter; on the GPU the compiler may contract differently)."""
+    from ingot.plugins.gemm import qkv_rope
+    from ingot.plugins.gemm import reference as gemm_ref
+    from ingot.plugins.gemm.cuda import make_linear
+    from ingot.plugins.rope.triton_kernels import make_rope_write_kv
+
+    x, w, b, pos, cos, sin, slots, scales, caches = _qkv_rope_case(
+        T, heads, kv_heads, hd, kv_dtype, bias, dtype, device, K
+    )
+    runs = {}
+    for name, fn in (
+        ("fused", qkv_rope.make_qkv_rope_linear(tactic)),
+        ("reference", gemm_ref.make_qkv_rope_linear(None)),
+    ):
+        kc, vc = caches()
+        q = fn(x, w, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales)
+        runs[name] = (q, kc, vc)
+    assert qkv_rope.fusable(x, w, b, heads, kv_heads, tactic.as_dict())
+    # unfused: the GEMV of the same tactic, then the RoPE + KV write kernel
+    kc, vc = caches()
+    q = gemm_ref.unfused_qkv_rope(
+        make_linear(tactic), make_rope_write_kv(None), x, w, b, pos, cos, sin, kc, vc, slots,
+        heads, kv_heads, **scales,
+    )  # fmt: skip
+    runs["unfused"] = (q, kc, vc)
+    _compare_qkv_rope_runs(runs, slots, exact, device)
+    return runs
+
+
+def fp8_qkv_rope_fused_vs_unfused(
+    tactic, T, heads, kv_heads, hd, kv_dtype, bias=False, exact=True, dtype=torch.bfloat16,
+    device="cpu", K=192,
+):  # fmt: skip
+    """`qkv_rope_fused_vs_unfused` with FP8 weights and x quantized before (a norm-quantize
+    kernel's output; plugin fp8_qkv_rope_gemm): the fused kernel against the FP8 GEMV of
+    the same tactic then the RoPE + KV write kernel, and against the reference
+    (`quant.reference.fp8_qkv_rope_linear`). x in the model dtype, normed and quantized as
+    it is loaded: `fused_norm_checks.qkv_rope_norm_in`."""
+    from ingot.plugins.gemm import qkv_rope
+    from ingot.plugins.gemm.reference import unfused_qkv_rope
+    from ingot.plugins.quant import reference as qref
+    from ingot.plugins.quant.cuda_fp8 import make_fp8_linear
+    from ingot.plugins.rope.triton_kernels import make_rope_write_kv
+
+    x, w, b, pos, cos, sin, slots, scales, caches = _qkv_rope_case(
+        T, heads, kv_heads, hd, kv_dtype, bias, dtype, device, K
+    )
+    f32 = dict(dtype=torch.float32, device=device)
+    ws = w.float().abs().max() / qref.FP8_MAX
+    xs = x.float().abs().max() / qref.FP8_MAX
+    wq = qref.quantize_fp8(w.float(), ws)
+    xq = qref.quantize_fp8(x.float(), xs)
+    ws, xs = ws.to(**f32), xs.to(**f32)
+    args = (xq, wq, ws, xs, b, pos, cos, sin)
+    runs = {}
+    for name, fn in (
+        ("fused", qkv_rope.make_fp8_qkv_rope_linear(tactic)),
+        ("reference", qref.make_fp8_qkv_rope_linear(None)),
+    ):
+        kc, vc = caches()
+        q = fn(*args, kc, vc, slots, heads, kv_heads, out_dtype=dtype, **scales)
+        runs[name] = (q, kc, vc)
+    assert qkv_rope.fusable(xq, wq, b, heads, kv_heads, tactic.as_dict(), out_dtype=dtype)
+    fp8 = make_fp8_linear(tactic)
+    kc, vc = caches()
+    q = unfused_qkv_rope(
+        lambda x_, w_, b_: fp8(x_, w_, ws, xs, b_, out_dtype=dtype), make_rope_write_kv(None),
+        xq, wq, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales,
+    )  # fmt: skip
+    runs["unfused"] = (q, kc, vc)
+    _compare_qkv_rope_runs(runs, slots, exact, device)
     return runs
 
 

@@ -55,8 +55,9 @@ else:
         fp8_norm_in_quantizes_after_the_norm(T, "cpu")
 
     @pytest.mark.parametrize("T", [1, 2])
-    def test_qkv_rope_gemv_normalizes_as_it_loads(T):
-        qkv_rope_norm_in(T, "cpu")
+    @pytest.mark.parametrize("fp8", [False, True])
+    def test_qkv_rope_gemv_normalizes_as_it_loads(T, fp8):
+        qkv_rope_norm_in(T, "cpu", fp8)
 
     @pytest.mark.parametrize(
         "T,packed,use_pdl", [(1, False, False), (2, False, True), (1, True, False)]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from kernel_checks import rel_err as _rel_err
 
 from ingot.plugins.gemm import cuda as gemm_cuda
+from ingot.plugins.gemm.qkv_rope import FP8_QKV_ROPE_TACTICS as FP8_QKV_ROPE
 
 pytestmark = [
     pytest.mark.gpu,
@@ -235,6 +236,18 @@ def test_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
         )
 
 
+@pytest.mark.parametrize("tactic", FP8_QKV_ROPE, ids=[t.name for t in FP8_QKV_ROPE])
+def test_fp8_qkv_rope_gemv_llama_shapes(tactic):
+    """The FP8 QKV GEMV with RoPE + KV write (FP8 cache) in its epilogue (plugin
+    fp8_qkv_rope_gemm) against the FP8 GEMV then the RoPE kernel and the reference: Llama-3.1-8B
+    heads, K = 4,096, with bias and without, every row count the tactic fuses."""
+    from kernel_checks import fp8_qkv_rope_fused_vs_unfused
+
+    for T in range(1, tactic.as_dict()["max_m"] + 1):
+        fp8_qkv_rope_fused_vs_unfused(tactic, T, 32, 8, 128, torch.float8_e4m3fn,
+                                      bias=T % 2 == 0, exact=False, device=DEV, K=4096)  # fmt: skip
+
+
 @pytest.mark.parametrize("T", [1, 2, 4])
 @pytest.mark.parametrize("use_pdl", [False, True])
 def test_norm_folded_into_the_gemvs(T, use_pdl):
@@ -263,6 +276,7 @@ def test_norm_folding_edge_cases():
         swiglu_down_adds(T, DEV)
         fp8_norm_in_quantizes_after_the_norm(T, DEV)
         qkv_rope_norm_in(T, DEV)
+        qkv_rope_norm_in(T, DEV, fp8=True)
 
 
 @pytest.mark.parametrize("packed", [False, True])

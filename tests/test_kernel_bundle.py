@@ -332,3 +332,56 @@ def test_int4_engine_with_folded_norms_launches_bundled_binaries():
     specs = _decode_step_launches(decoder, kv, b, (1, 2, 4))
     assert binaries(specs) <= binaries(bundle)
     assert binaries(specs) - binaries(plain)  # the batch-1 step ran folded variants
+
+
+@pytest.mark.parametrize("fused_norms", [False, True])
+def test_fp8_engine_runs_the_qkv_rope_gemv_at_decode_sizes(fused_norms):
+    """An FP8 engine (W8A8, FP8 KV cache) with the fp8_qkv_rope_gemm plugin: its batch-1 decode
+    steps project QKV with the FP8 GEMV that rotates and writes the KV cache in its epilogue
+    (SCALED; normalizing and quantizing x as it loads it when the norms fold, else reading the
+    norm-quantize kernel's FP8 x) and launch no RoPE kernel; larger batches keep the FP8 GEMM
+    and the RoPE + KV-write kernel. Every launch is a bundled binary."""
+    from ingot.compiler import kernel_bundle as kb
+    from ingot.compiler.quantize.layout import checkpoint_layout
+    from ingot.plugins.quant import unused_plugins
+
+    m, q = LLAMA_3_1_8B, QuantConfig(mode="fp8", kv_cache_dtype="fp8")
+    b = BuildConfig(max_batch_size=4, max_seq_len=512, max_num_tokens=256, tokens_per_block=32,
+                    target="sm_90", fused_norms=fused_norms)  # fmt: skip
+    st = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16, "F32": torch.float32}
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    unused = unused_plugins(q.mode)
+    choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
+    assert "fp8_qkv_rope_gemm" in {c.name for c in choices}
+    if fused_norms:  # the FP8 GEMMs default to cuBLASLt; the norms fold into GEMV tactics
+        from dataclasses import replace
+
+        from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
+
+        gemv = next(t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m"))
+        choices = tuple(
+            replace(c, tactic=gemv.name, params=gemv.as_dict())
+            if c.name in ("fp8_gemm", "fp8_swiglu_gemm") else c
+            for c in choices
+        )  # fmt: skip
+    bundle = binaries(kb.engine_launches(m, q, b, choices, shapes))
+    decoder, kv = kb.dry_run_decoder(m, q, b, choices, shapes)
+    assert decoder.fp8_qkv_rope is not None
+    assert decoder.fold_rows == (1 if fused_norms else 0)
+    fn = qkv_rope._qkv_rope_kernel
+    for batch in (1, 4):
+        specs = _decode_step_launches(decoder, kv, b, (batch,))
+        assert binaries(specs) <= bundle
+        fused = [s for s in specs if s.fn.endswith(":_qkv_rope_kernel")]
+        rope = [s for s in specs if s.fn.endswith(":_rope_kernel")]
+        if batch == 1:
+            assert len(fused) == m.num_layers and not rope, (len(fused), len(rope))
+            assert {_constexpr(s, fn, "SCALED") for s in fused} == {True}
+            assert {_constexpr(s, fn, "KV_FP8") for s in fused} == {True}
+            # folded: every layer but the first normalizes and quantizes x as it loads it
+            quant_x = [_constexpr(s, fn, "QUANT_X") for s in fused]
+            assert quant_x == [False] + [fused_norms] * (m.num_layers - 1), quant_x
+        else:
+            assert not fused and len(rope) == m.num_layers

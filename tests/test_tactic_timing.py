@@ -311,3 +311,24 @@ def test_a_reference_that_cannot_run_leaves_the_candidates_unchecked(monkeypatch
         res = time_tactics("op", [a, b], lambda: ((1,), {}), factory=lambda t: lambda x: x,
                            reference=broken_reference)  # fmt: skip
     assert dict(res) == {a: 1.0, b: 1.0}
+
+
+@pytest.mark.parametrize(
+    "name,gemm", [("qkv_rope_gemm", "gemm"), ("fp8_qkv_rope_gemm", "fp8_gemm")]
+)
+def test_qkv_rope_plugins_run_their_gemms_attn_qkv_tactic(name, gemm):
+    """The QKV GEMVs with RoPE in their epilogue are not timed: each runs the tactic its GEMM
+    plugin timed fastest at attn.qkv when that is a GEMV, else its own default GEMV (the
+    BF16 one never takes the FP8 plugin's choice, nor the FP8 one the BF16's)."""
+    from ingot.compiler.tactic_select import _choice, qkv_rope_choice
+    from ingot.plugins import get_spec
+
+    spec = get_spec(name)
+    gemv = spec.candidates("cuda")[-1]
+    assert gemv != spec.default_tactic("cuda")
+    other = "gemm" if gemm == "fp8_gemm" else "fp8_gemm"
+    choices = [_choice(gemm, gemv, "attn.qkv"), _choice(other, gemv, "attn.qkv")]
+    assert qkv_rope_choice(choices, name).tactic == gemv.name
+    library = next(t for t in get_spec(gemm).candidates("cuda") if not t.as_dict().get("max_m"))
+    choices = [_choice(gemm, library, "attn.qkv"), _choice(other, gemv, "attn.qkv")]
+    assert qkv_rope_choice(choices, name).tactic == spec.default_tactic("cuda").name

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..attention.layout import check_kv_layout
+from ..quant.cuda_fp8 import FP8_GEMM_TACTICS
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
@@ -32,6 +33,11 @@ from .reference import unfused_qkv_rope
 # takes the one it timed fastest for the attn.qkv GEMM (the epilogue is a few stores)
 QKV_ROPE_TACTICS: tuple[Tactic, ...] = tuple(
     t for t in GEMM_TACTICS if t.as_dict().get("max_m", 0) > 0
+)
+# FP8 weights: the FP8 GEMM's GEMV tactics (16 fp8 a load); the builder takes the attn.qkv
+# fp8_gemm choice when it is one of them
+FP8_QKV_ROPE_TACTICS: tuple[Tactic, ...] = tuple(
+    t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m", 0) > 0
 )
 
 
@@ -62,6 +68,8 @@ def _qkv_rope_kernel(
     slot_ptr,
     ks_ptr,
     vs_ptr,
+    sx_ptr,
+    sw_ptr,
     T,
     K_v,
     sxm_v,
@@ -95,9 +103,14 @@ def _qkv_rope_kernel(
     ss_ptr=None,
     sss=0,
     eps=0.0,
+    SCALED: tl.constexpr = False,
+    QUANT_X: tl.constexpr = False,
 ):
     """Grid: (HQ + 2 HKV) heads x HALF / (BLOCK_N / 2) programs; every row index is valid.
-    NORM: x is the residual stream, RMSNorm-ed as loaded (`gemv_acc`, fused_norm.py)."""
+    NORM: x is the residual stream, RMSNorm-ed as loaded (`gemv_acc`, fused_norm.py).
+    SCALED: FP8 weights and x with per-tensor scales at sw_ptr / sx_ptr, as the FP8 GEMV
+    (`cuda._gemv_kernel`); QUANT_X: x arrives in the model dtype (NORM) and is quantized with
+    sx as it is loaded. The output rounds to q's dtype (the model's)."""
     HB: tl.constexpr = BLOCK_N // 2
     PER_HEAD: tl.constexpr = HALF // HB
     pid = tl.program_id(0)
@@ -125,14 +138,19 @@ def _qkv_rope_kernel(
     if KV_FP8:
         ks = tl.load(ks_ptr)
         vs = tl.load(vs_ptr)
+    sx = 1.0
+    if SCALED:
+        sx = tl.load(sx_ptr)
     y = gemv_acc(
-        x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, 1.0,
-        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, False, PRE,
+        x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, sx,
+        BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, QUANT_X, PRE,
         NORM, wn_ptr, ss_ptr, sss, eps,
     )  # fmt: skip
+    if SCALED:  # as the FP8 GEMV: the exact fp32 sum times both scales, then the bias
+        y = y * (sx * tl.load(sw_ptr))
     if HAS_BIAS:
         y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-    dt = x_ptr.dtype.element_ty
+    dt = q_ptr.dtype.element_ty
     y = y.to(dt).to(tl.float32)  # the GEMM's output, as the RoPE kernel would read it
     x1, x2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HB]), (0, 2, 1)))
     if h < HQ + HKV:  # q or k: rotate
@@ -154,20 +172,67 @@ def _qkv_rope_kernel(
                      KV_FP8, dt)  # fmt: skip
 
 
-def fusable(x, weight, bias, num_heads, num_kv_heads, params, norm=None) -> bool:
-    """Whether the fused kernel takes this call (else the GEMM then the RoPE + KV write)."""
+def fusable(x, weight, bias, num_heads, num_kv_heads, params, norm=None, out_dtype=None) -> bool:
+    """Whether the fused kernel takes this call (else the GEMM then the RoPE + KV write).
+    FP8 weights: x FP8 (quantized before) or the residual stream with `norm`; out_dtype, the
+    model dtype, is then q's."""
     max_m = int(params.get("max_m", 0))
     heads = num_heads + 2 * num_kv_heads
-    if not max_m or weight.shape[0] % heads or x.dtype not in (torch.bfloat16, torch.float16):
+    out_dtype = out_dtype or x.dtype
+    if not max_m or weight.shape[0] % heads or out_dtype not in (torch.bfloat16, torch.float16):
         return False
     half = weight.shape[0] // heads // 2
     hb = int(params["block_n"]) // 2
     return (
-        weight.dtype == x.dtype
+        (weight.dtype == x.dtype or weight.dtype == torch.float8_e4m3fn)
         and hb > 0
         and half % hb == 0
-        and gemv_ok(x, weight, bias, None, max_m, norm=norm)
+        and gemv_ok(x, weight, bias, None, max_m, out_dtype=out_dtype, norm=norm)
     )
+
+
+def _launch(x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+            num_kv_heads, params, k_scale, v_scale, norm, scales=None, out_dtype=None):  # fmt: skip
+    """The fused kernel (`fusable` holds). scales: FP8 weights' (input scale, weight scale)."""
+    T = x.shape[0]
+    hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")
+    check_kv_layout(k_cache, v_cache, "qkv_rope")
+    q = torch.empty((T, num_heads, hd), dtype=out_dtype or x.dtype, device=x.device)
+    if T == 0:
+        return q
+    vec = 16 // weight.element_size()
+    bn = int(params["block_n"])
+    fp8 = k_scale is not None and v_scale is not None
+    sx, sw = scales if scales is not None else (None, None)
+    grid = ((num_heads + 2 * num_kv_heads) * (hd // bn),)
+    _qkv_rope_kernel[grid](
+        x, weight, bias if bias is not None else weight, positions, cos, sin, q,
+        k_cache, v_cache, slot_mapping,
+        k_scale if fp8 else None, v_scale if fp8 else None, sx, sw,
+        T, weight.shape[1] // vec, x.stride(0) // vec, weight.stride(0) // vec,
+        q.stride(0), q.stride(1), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *v_cache.stride(),
+        num_heads, num_kv_heads,
+        HALF=hd // 2,
+        BS=k_cache.shape[1],
+        HAS_BIAS=bias is not None,
+        KV_FP8=fp8,
+        BLOCK_M=triton.next_power_of_2(T),
+        BLOCK_N=bn,
+        BLOCK_K=int(params["block_k"]),
+        VEC=vec,
+        STAGES=int(params.get("num_stages", 1)),
+        UNROLL=int(params.get("unroll", 1)),
+        num_warps=int(params["num_warps"]),
+        num_stages=1,
+        **gemv_pdl_options(weight.shape[1], weight.element_size(), params),
+        **norm_args(norm),
+        **(dict(SCALED=True, QUANT_X=x.dtype != weight.dtype) if scales is not None else {}),
+    )  # fmt: skip
+    return q
 
 
 def make_qkv_rope_linear(tactic: Tactic | None = None):
@@ -195,49 +260,68 @@ def make_qkv_rope_linear(tactic: Tactic | None = None):
         """`reference.qkv_rope_linear`'s contract: x [T, K] -> the rotated q [T, Hq, hd]; the
         rotated k and v are written into the caches at slot_mapping (slots < 0 skipped).
         norm: x is the residual stream, RMSNorm-ed as it is loaded (fused_norm.py)."""
-        T = x.shape[0]
-        hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
         if not fusable(x, weight, bias, num_heads, num_kv_heads, params, norm):
             return unfused_qkv_rope(
                 linear, rope_write_kv, normed_input(x, norm) if norm is not None else x,
                 weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
                 num_kv_heads, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
-        if cos.stride(-1) != 1 or sin.stride() != cos.stride():
-            raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")
-        check_kv_layout(k_cache, v_cache, "qkv_rope")
-        q = torch.empty((T, num_heads, hd), dtype=x.dtype, device=x.device)
-        if T == 0:
-            return q
-        vec = 16 // weight.element_size()
-        bn = int(params["block_n"])
-        fp8 = k_scale is not None and v_scale is not None
-        grid = ((num_heads + 2 * num_kv_heads) * (hd // bn),)
-        _qkv_rope_kernel[grid](
-            x, weight, bias if bias is not None else weight, positions, cos, sin, q,
-            k_cache, v_cache, slot_mapping,
-            k_scale if fp8 else None, v_scale if fp8 else None,
-            T, weight.shape[1] // vec, x.stride(0) // vec, weight.stride(0) // vec,
-            q.stride(0), q.stride(1), cos.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            *v_cache.stride(),
-            num_heads, num_kv_heads,
-            HALF=hd // 2,
-            BS=k_cache.shape[1],
-            HAS_BIAS=bias is not None,
-            KV_FP8=fp8,
-            BLOCK_M=triton.next_power_of_2(T),
-            BLOCK_N=bn,
-            BLOCK_K=int(params["block_k"]),
-            VEC=vec,
-            STAGES=int(params.get("num_stages", 1)),
-            UNROLL=int(params.get("unroll", 1)),
-            num_warps=int(params["num_warps"]),
-            num_stages=1,
-            **gemv_pdl_options(weight.shape[1], weight.element_size(), params),
-            **norm_args(norm),
-        )  # fmt: skip
-        return q
+        return _launch(x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                       num_heads, num_kv_heads, params, k_scale, v_scale, norm)  # fmt: skip
 
     qkv_rope_linear.gemv_rows = linear.gemv_rows
     return qkv_rope_linear
+
+
+def make_fp8_qkv_rope_linear(tactic: Tactic | None = None):
+    """The FP8 (W8A8) QKV projection with RoPE and the KV write in its epilogue: the FP8 GEMV
+    of `quant/cuda_fp8.py` (its tactics), the epilogue above. Calls the kernel does not take
+    run the FP8 GEMM plugin, then the RoPE + KV-write kernel."""
+    from ..quant.cuda_fp8 import make_fp8_linear
+
+    params = (tactic or FP8_QKV_ROPE_TACTICS[0]).as_dict()
+    fp8_linear = make_fp8_linear(tactic or FP8_QKV_ROPE_TACTICS[0])
+    rope_write_kv = make_rope_write_kv(None)
+
+    def fp8_qkv_rope_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        out_dtype: torch.dtype | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+        norm: NormIn | None = None,
+    ) -> torch.Tensor:
+        """`quant.reference.fp8_qkv_rope_linear`'s contract: x [T, K] (FP8, quantized with
+        input_scale, or the model dtype) -> the rotated q [T, Hq, hd] in out_dtype (x's dtype
+        if not given); k and v written into the caches. norm: x is the residual stream,
+        RMSNorm-ed, then quantized, as it is loaded."""
+        out_dtype = out_dtype or x.dtype
+        if not fusable(x, weight, bias, num_heads, num_kv_heads, params, norm, out_dtype):
+            nk = {"norm": norm} if norm is not None else {}
+
+            def linear(x, weight, bias):
+                return fp8_linear(x, weight, weight_scale, input_scale, bias,
+                                  out_dtype=out_dtype, **nk)  # fmt: skip
+
+            return unfused_qkv_rope(
+                linear, rope_write_kv, x, weight, bias, positions, cos, sin, k_cache, v_cache,
+                slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+        return _launch(x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                       num_heads, num_kv_heads, params, k_scale, v_scale, norm,
+                       (input_scale, weight_scale), out_dtype)  # fmt: skip
+
+    fp8_qkv_rope_linear.gemv_rows = fp8_linear.gemv_rows
+    return fp8_qkv_rope_linear

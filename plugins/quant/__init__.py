@@ -7,7 +7,12 @@ GEMM_PLUGIN_OF_MODE = {"fp8": "fp8_gemm", "int4_awq": "w4a16_gemm"}
 
 
 # FP8 engines quantize activations inside the op before each FP8 GEMM (norm or SwiGLU).
-FP8_FUSED_PLUGINS = ("rms_norm_quant_fp8", "swiglu_quant_fp8", "fp8_swiglu_gemm")
+FP8_FUSED_PLUGINS = (
+    "rms_norm_quant_fp8",
+    "swiglu_quant_fp8",
+    "fp8_swiglu_gemm",
+    "fp8_qkv_rope_gemm",
+)
 
 
 def unused_plugins(mode: str, lm_head: bool = False) -> set[str]:

@@ -106,6 +106,43 @@ def fp8_swiglu_linear(
     )
 
 
+def fp8_qkv_rope_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    out_dtype: torch.dtype | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The FP8 QKV projection (`fp8_linear`, output in out_dtype), then RoPE and the KV-cache
+    write (`rope.reference.rope_write_kv`): -> the rotated q [T, Hq, hd]."""
+    from ..gemm.reference import unfused_qkv_rope
+    from ..rope.reference import rope_write_kv
+
+    def linear(x, weight, bias):
+        return fp8_linear(x, weight, weight_scale, input_scale, bias, out_dtype=out_dtype)
+
+    return unfused_qkv_rope(
+        linear, rope_write_kv, x, weight, bias, positions, cos, sin, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+def make_fp8_qkv_rope_linear(tactic=None):
+    return fp8_qkv_rope_linear
+
+
 def make_fp8_swiglu_linear(tactic=None):
     return fp8_swiglu_linear
 
