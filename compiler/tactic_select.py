@@ -392,18 +392,27 @@ def timed_choices(
 
 
 # the QKV GEMVs with RoPE in their epilogue -> the GEMM plugin whose attn.qkv tactic they run
-QKV_ROPE_OF = {"qkv_rope_gemm": "gemm", "fp8_qkv_rope_gemm": "fp8_gemm"}
+QKV_ROPE_OF = {
+    "qkv_rope_gemm": "gemm",
+    "fp8_qkv_rope_gemm": "fp8_gemm",
+    "w4a16_qkv_rope_gemm": "w4a16_gemm",
+}
 
 
 def qkv_rope_choice(choices: list[PluginChoice], name: str = "qkv_rope_gemm") -> PluginChoice:
     """The QKV GEMV with RoPE in its epilogue runs the tactic timed fastest for the attn.qkv
     GEMM of its kind (its epilogue is a few stores; timing it again would cost the build a
-    compile per tactic), or the default GEMV tactic when cuBLAS(Lt) won there."""
+    compile per tactic) when that tactic has a GEMV (a W4A16 one: its GEMV half, any pair),
+    or its default GEMV tactic when cuBLAS(Lt) won there."""
     spec, gemm = get_spec(name), QKV_ROPE_OF[name]
     qkv = next((c for c in choices if c.name == gemm and c.site == "attn.qkv"), None)
-    names = {t.name for t in spec.candidates("cuda")}
-    tactic = spec.find_tactic("cuda", qkv.tactic) if qkv and qkv.tactic in names else None
-    return _choice(name, tactic or spec.default_tactic("cuda"))
+    params = (qkv.params or {}) if qkv is not None else {}
+    gemv = params.get("max_m") or params.get("dec_max_m")
+    # a program's rows hold whole RoPE pairs: GEMVs of one row a program cannot fuse
+    pairs = int(params.get("block_n", params.get("dec_block_n", 0))) >= 2
+    if qkv is not None and gemv and pairs:
+        return _choice(name, Tactic(qkv.tactic, tuple(sorted(params.items()))))
+    return _choice(name, spec.default_tactic("cuda"))
 
 
 def can_time_on(target: str) -> bool:

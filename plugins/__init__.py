@@ -150,5 +150,18 @@ _op(
     "quant.triton_w4a16:W4A16_TACTICS",
     version=2,  # v2: weights [N, K/8] interleaved per 128 k, scales [N, K/G] (v1: transposed)
 )
+# INT4 AWQ engines: the W4A16 QKV projection with RoPE and the KV write in its epilogue
+_op(
+    "w4a16_qkv_rope_gemm",
+    (
+        ("group_size", "int32"),
+        ("num_heads", "int32"),
+        ("num_kv_heads", "int32"),
+        ("tokens_per_block", "int32"),
+    ),
+    "quant.reference:make_w4a16_qkv_rope_linear",
+    "quant.w4a16_qkv_rope:make_w4a16_qkv_rope_linear",
+    "quant.w4a16_qkv_rope:W4A16_QKV_ROPE_TACTICS",
+)
 
 __all__ = ["PluginSpec", "Tactic", "all_specs", "get_spec", "load", "register", "target_kind"]

@@ -176,12 +176,17 @@ class Decoder:
         self.fp8_swiglu_down = None
         if self.fp8_fused and hasattr(ops, "fp8_swiglu_gemm"):
             self.fp8_swiglu_down = ops.at("fp8_swiglu_gemm", "mlp.down")
-        # ...and the FP8 QKV GEMV with RoPE and the KV write in its epilogue, for the passes
-        # its GEMV takes (`_fp8_qkv_rope_rows`; larger ones keep the RoPE kernel, whose V
-        # store into an FP8 pool goes a segment at a time for prompts)
-        self.fp8_qkv_rope = None
-        if self.fp8_fused and not cfg.qk_norm and hasattr(ops, "fp8_qkv_rope_gemm"):
-            self.fp8_qkv_rope = ops.at("fp8_qkv_rope_gemm", "attn.qkv")
+        # Quantized engines: the FP8 / W4A16 QKV GEMV with RoPE and the KV write in its
+        # epilogue, for the passes its GEMV takes (`_quant_qkv_rope_rows`; larger ones keep
+        # the RoPE kernel, whose V store into an FP8 pool goes a segment at a time for prompts)
+        self.quant_qkv_rope = None
+        self.group_size = quant.group_size
+        rope_plugin = {"fp8": "fp8_qkv_rope_gemm", "int4_awq": "w4a16_qkv_rope_gemm"}.get(
+            quant.mode
+        )
+        fused_ok = self.fp8_fused or quant.mode == "int4_awq"
+        if rope_plugin and fused_ok and not cfg.qk_norm and hasattr(ops, rope_plugin):
+            self.quant_qkv_rope = ops.at(rope_plugin, "attn.qkv")
         self.dtype = dtype
         self.lm_head = weights.get("lm_head.weight", weights["embed.weight"])
         self.cos = weights["rope.cos"]  # [max_seq_len, hd] float32
@@ -209,13 +214,13 @@ class Decoder:
         elif quant.mode == "fp8" and self.fp8_attn_out and self.fp8_swiglu_down is not None:
             sites = [ops.at("fp8_gemm", s) for s in ("attn.qkv", "attn.o", "mlp.gate_up")]
             sites.append(self.fp8_swiglu_down)
-            if self.fp8_qkv_rope is not None:
-                sites.append(self.fp8_qkv_rope)
         elif quant.mode == "int4_awq":  # the W4A16 GEMVs (down: SwiGLU inside)
             sites = [ops.at("w4a16_gemm", s) for s in ("attn.qkv", "attn.o", "mlp.gate_up",
                                                        "mlp.down")]  # fmt: skip
         else:
             return 0
+        if self.quant_qkv_rope is not None:
+            sites.append(self.quant_qkv_rope)
         return min(getattr(fn, "gemv_rows", 0) for fn in sites)
 
     def _attention(
@@ -248,13 +253,12 @@ class Decoder:
                 **nk,
             )  # fmt: skip
             return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q), rows, add)
-        fp8_rows = self._fp8_qkv_rope_rows() if not self.decode_writes_v else 0
-        if self.fp8_qkv_rope is not None and x.shape[0] <= fp8_rows:
-            q = self.fp8_qkv_rope(
-                x, w[p + "qkv.weight"], w[p + "qkv.weight_scale"], w[p + "qkv.input_scale"],
-                w.get(p + "qkv.bias"), positions, self.cos, self.sin, k_cache, v_cache,
-                meta.slot_mapping, self.num_heads, self.num_kv_heads, out_dtype=self.dtype,
-                **fp8, **nk,
+        quant_rows = self._quant_qkv_rope_rows() if not self.decode_writes_v else 0
+        if self.quant_qkv_rope is not None and x.shape[0] <= quant_rows:
+            q = self.quant_qkv_rope(
+                x, *self._qkv_weights(p + "qkv."), positions, self.cos, self.sin, k_cache,
+                v_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, **fp8, **nk,
+                **({"out_dtype": self.dtype} if self.quant_mode == "fp8" else {}),
             )  # fmt: skip
             return self._attend(i, q, meta, k_cache, v_cache, dict(fp8, **out_q), rows, add)
         qkv = self.linears[p + "qkv"](x, **nk)  # [T, qkv_size / tp]
@@ -281,10 +285,21 @@ class Decoder:
             ops.kv_cache_write(k, v, k_cache, v_cache, meta.slot_mapping, **fp8)
         return self._attend(i, q, meta, k_cache, v_cache, attn_kw, rows, add)
 
-    def _fp8_qkv_rope_rows(self) -> int:
-        """The largest pass the FP8 QKV-RoPE plugin runs on its GEMV (0: none; the CPU
-        reference has none, so CPU engines keep the unfused ops)."""
-        return getattr(self.fp8_qkv_rope, "gemv_rows", 0)
+    def _quant_qkv_rope_rows(self) -> int:
+        """The largest pass the quantized QKV-RoPE plugin runs on its GEMV (0: none; the CPU
+        references have none, so CPU engines keep the unfused ops)."""
+        return getattr(self.quant_qkv_rope, "gemv_rows", 0)
+
+    def _qkv_weights(self, p: str) -> tuple:
+        """The quantized QKV plugin's weight arguments (the mode's GEMM plugin's, in its
+        order): FP8 weight, weight and input scales, bias; W4A16 qweight, scales,
+        pre_quant_scale, group size, zeros, bias."""
+        w = self.w
+        if self.quant_mode == "fp8":
+            return (w[p + "weight"], w[p + "weight_scale"], w[p + "input_scale"],
+                    w.get(p + "bias"))  # fmt: skip
+        return (w[p + "weight"], w[p + "weight_scale"], w.get(p + "pre_quant_scale"),
+                self.group_size, w.get(p + "weight_zero"), w.get(p + "bias"))  # fmt: skip
 
     def _attend(
         self, i: int, q, meta: AttnMetadata, k_cache, v_cache, attn_kw, rows=None, add=None

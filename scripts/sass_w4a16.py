@@ -28,8 +28,8 @@ _PTRS = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "pqs_ptr": "*bf16
 
 
 def compile_gemv(params: dict, pqs: bool = True, kb: int = 32):
-    fn = tw._w4a16_gemv_packed_kernel if params.get("packed") else tw._w4a16_gemv_kernel
-    const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1,
+    fn = tw._w4a16_gemv_kernel
+    const = {"PACKED": bool(params.get("packed")), "HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1,
              "BLOCK_M": triton.next_power_of_2(int(params["max_m"])),
              "BLOCK_N": params["block_n"], "BLOCK_G": params["block_g"],
              "MASKED": kb % params["block_g"] != 0, "STAGES": params["num_stages"]}  # fmt: skip

@@ -47,6 +47,17 @@ def _record_graphs(buckets, run, prepare=None):
     return graphs, outputs
 
 
+class _Counted:
+    """A Triton kernel whose launches (`kernel[grid](...)`) are counted into `calls`."""
+
+    def __init__(self, kernel, calls: list) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
 def check_swiglu_gemv() -> None:
     """The decode GEMV with SwiGLU fused into its loads equals SwiGLU then GEMV; its PDL
     variant (K = 96 < BLOCK_K: the chunk loaded before the wait is all of K) the same bits."""
@@ -209,6 +220,11 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     tw.launch_w4a16 = lambda *a: (
         w4_calls.add((a[9], a[10] is not None, a[11] is not None)) or (launch_w4(*a))
     )
+    # quantized engines' QKV GEMV with RoPE in its epilogue (INT4: fp32 x runs it)
+    from ingot.plugins.quant import w4a16_qkv_rope as wq
+
+    w4_rope, launch_rope = [], wq._w4a16_qkv_rope_kernel
+    wq._w4a16_qkv_rope_kernel = _Counted(launch_rope, w4_rope)
     used = {"decode": 0, "prefill": 0}
     for name, runner in (("decode", ex.graphs), ("prefill", ex.prefill_graphs)):
 
@@ -228,6 +244,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
     gated = {c for c in w4_calls if c[0]}
     assert bool(gated) == bool(w4_calls - gated) == (quant == "int4_awq"), w4_calls
+    assert bool(w4_rope) == (quant == "int4_awq"), len(w4_rope)
     if quant == "int4_awq":  # folded: the o / down GEMVs add, the qkv / gate_up ones normalize
         assert ((True, False, True) in w4_calls) == ((False, True, False) in w4_calls) == bool(fold)
     check_swiglu_gemv()

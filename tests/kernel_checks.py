@@ -225,6 +225,49 @@ def fp8_qkv_rope_fused_vs_unfused(
     return runs
 
 
+def w4a16_qkv_rope_fused_vs_unfused(
+    tactic, T, heads, kv_heads, hd, kv_dtype, bias=False, exact=True, dtype=torch.bfloat16,
+    device="cpu", K=256, pqs=True,
+):  # fmt: skip
+    """`qkv_rope_fused_vs_unfused` with INT4 AWQ weights (plugin w4a16_qkv_rope_gemm; tactic:
+    a w4a16_gemm pair): the fused kernel against the W4A16 GEMV of the same tactic then the
+    RoPE + KV write kernel, and against the reference (`quant.reference.w4a16_qkv_rope_linear`)."""
+    from ingot.plugins.gemm.reference import unfused_qkv_rope
+    from ingot.plugins.quant import reference as qref
+    from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.quant import w4a16_qkv_rope as wq
+    from ingot.plugins.rope.triton_kernels import make_rope_write_kv
+
+    x, _, b, pos, cos, sin, slots, scales, caches = _qkv_rope_case(
+        T, heads, kv_heads, hd, kv_dtype, bias, dtype, device, K
+    )
+    gen = torch.Generator().manual_seed(T + hd + K)
+    N = (heads + 2 * kv_heads) * hd
+    qweight = qref.pack_w4_engine(torch.randint(0, 16, (N, K), generator=gen)).to(device)
+    ws = (torch.rand(N, K // 128, generator=gen) * 0.02 + 0.005).to(dtype).to(device)
+    p = (torch.rand(K, generator=gen) + 0.5).to(dtype).to(device) if pqs else None
+    w_args = (qweight, ws, p, 128, None)
+    runs = {}
+    for name, fn in (
+        ("fused", wq.make_w4a16_qkv_rope_linear(tactic)),
+        ("reference", qref.make_w4a16_qkv_rope_linear(None)),
+    ):
+        kc, vc = caches()
+        q = fn(x, *w_args, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales)
+        runs[name] = (q, kc, vc)
+    dec, _ = tw._split_params(tactic)
+    assert wq.fusable(x, *w_args, b, heads, kv_heads, dec)
+    w4 = tw.make_w4a16_linear(tactic)
+    kc, vc = caches()
+    q = unfused_qkv_rope(
+        lambda x_, w_, b_: w4(x_, w_, ws, p, 128, None, b_), make_rope_write_kv(None),
+        x, qweight, b, pos, cos, sin, kc, vc, slots, heads, kv_heads, **scales,
+    )  # fmt: skip
+    runs["unfused"] = (q, kc, vc)
+    _compare_qkv_rope_runs(runs, slots, exact, device)
+    return runs
+
+
 def w4a16_packed_model(x, qweight, scales, pre_quant_scale, bias=None) -> torch.Tensor:
     """What the packed W4A16 GEMV computes (plugins/quant/triton_w4a16.py `_packed_dot`), in
     torch on the CPU: per engine word (8 codes, group 128), the codes' halves (nibbles 0-3 and

@@ -254,6 +254,24 @@ def test_w4a16_packed_gemv_does_its_bf16x2_arithmetic(tactic):
             assert rel_err(out, w4a16_packed_model(x, qweight, scales, pqs)) < 1e-4, (N, T)
 
 
+# a program's rows hold whole RoPE pairs: two rows or more
+W4_ROPE = [t for t in tw.DECODE_TACTICS if t.as_dict()["block_n"] >= 2]
+
+
+@pytest.mark.parametrize("tactic", W4_ROPE, ids=ids(W4_ROPE))
+@pytest.mark.parametrize("kv_dtype", [BF16, F8], ids=["bf16_kv", "fp8_kv"])
+def test_w4a16_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
+    """The W4A16 QKV GEMV with RoPE + KV write in its epilogue (plugin w4a16_qkv_rope_gemm)
+    against the W4A16 GEMV then the RoPE kernel and the reference: Llama-3.1-8B heads,
+    K = 4,096, with bias and without, every row count the tactic fuses."""
+    from kernel_checks import w4a16_qkv_rope_fused_vs_unfused
+
+    pair = tw.combine_tactics(tactic, tw.GEMM_TACTICS[0])
+    for T in range(1, tactic.as_dict()["max_m"] + 1):
+        w4a16_qkv_rope_fused_vs_unfused(pair, T, 32, 8, 128, kv_dtype, bias=T % 2 == 0,
+                                        exact=False, device=DEV, K=4096)  # fmt: skip
+
+
 @pytest.mark.parametrize("tactic", tw.DECODE_TACTICS, ids=ids(tw.DECODE_TACTICS))
 def test_w4a16_gemv_applies_swiglu_as_it_loads(tactic):
     """gated=True at the down projection's shape: the GEMV given [gate | up] writes the bits

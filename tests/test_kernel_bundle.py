@@ -252,7 +252,8 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
         for t in packed:
             fn = tw.make_w4a16_linear(tw.combine_tactics(t, tw.GEMM_TACTICS[0]))
             fn(x, qweight, scales, pqs, 128)
-    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4a16_gemv_packed_kernel"] * len(packed)
+    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4a16_gemv_kernel"] * len(packed)
+    assert all(_constexpr(s, tw._w4a16_gemv_kernel, "PACKED") for s in specs)
     target = aot.parse_target("sm_90")
     _, src, options = aot._replay(specs[0], make_backend(target))
     with aot.use_cache_dir(tmp_path):
@@ -260,6 +261,18 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     ptx = kernel.asm["ptx"]
     assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
     assert kernel.asm["cubin"]
+    # the PDL variant (first chunk loaded before griddepcontrol.wait) assembles too
+    from ingot.plugins import pdl
+
+    with recorded_launches() as specs, pdl.scope(True):
+        tw.make_w4a16_linear(tw.combine_tactics(packed[0], tw.GEMM_TACTICS[0]))(
+            x, qweight, scales, pqs, 128
+        )
+    _, src, options = aot._replay(specs[0], make_backend(target))
+    with aot.use_cache_dir(tmp_path):
+        kernel = triton.compile(src, target=target, options=options.__dict__)
+    ptx = kernel.asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "sub.rn.bf16x2" in ptx
 
 
 def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
@@ -274,7 +287,7 @@ def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
     scales = torch.empty(N, K // 128, dtype=torch.bfloat16, device="meta")
     pqs = torch.empty(K, dtype=torch.bfloat16, device="meta")
     for dec_tactic in (
-        tw.DECODE_TACTICS[0],
+        next(t for t in tw.DECODE_TACTICS if "packed" not in t.as_dict()),
         next(t for t in tw.DECODE_TACTICS if "packed" in t.as_dict()),
     ):
         fn = tw.make_w4a16_linear(tw.combine_tactics(dec_tactic, tw.GEMM_TACTICS[0]))
@@ -287,13 +300,11 @@ def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
             names = [s.fn.rsplit(":", 1)[-1] for s in specs]
             if kernels == ["gemv"]:
                 (spec,) = specs
-                kernel = (
-                    tw._w4a16_gemv_packed_kernel
-                    if "packed" in dec_tactic.as_dict()
-                    else tw._w4a16_gemv_kernel
-                )
+                kernel = tw._w4a16_gemv_kernel
                 assert names == [kernel.__name__]
                 assert _constexpr(spec, kernel, "GATED") is True
+                packed = "packed" in dec_tactic.as_dict()
+                assert _constexpr(spec, kernel, "PACKED") is packed
             else:
                 assert names == kernels, names
 
@@ -334,32 +345,38 @@ def test_int4_engine_with_folded_norms_launches_bundled_binaries():
     assert binaries(specs) - binaries(plain)  # the batch-1 step ran folded variants
 
 
+@pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
 @pytest.mark.parametrize("fused_norms", [False, True])
-def test_fp8_engine_runs_the_qkv_rope_gemv_at_decode_sizes(fused_norms):
-    """An FP8 engine (W8A8, FP8 KV cache) with the fp8_qkv_rope_gemm plugin: its batch-1 decode
-    steps project QKV with the FP8 GEMV that rotates and writes the KV cache in its epilogue
-    (SCALED; normalizing and quantizing x as it loads it when the norms fold, else reading the
-    norm-quantize kernel's FP8 x) and launch no RoPE kernel; larger batches keep the FP8 GEMM
-    and the RoPE + KV-write kernel. Every launch is a bundled binary."""
+def test_quantized_engines_run_the_qkv_rope_gemv_at_decode_sizes(mode, fused_norms):
+    """A quantized engine with its QKV-RoPE plugin (fp8_qkv_rope_gemm: W8A8 with an FP8 KV
+    cache; w4a16_qkv_rope_gemm: INT4 AWQ): its batch-1 decode steps project QKV with the GEMV
+    that rotates and writes the KV cache in its epilogue (FP8: SCALED; normalizing, and for
+    FP8 quantizing, x as it loads it when the norms fold; else FP8 reads the norm-quantize
+    kernel's FP8 x) and launch no RoPE kernel; larger batches keep the GEMM and the RoPE +
+    KV-write kernel. Every launch is a bundled binary."""
+    from dataclasses import replace
+
     from ingot.compiler import kernel_bundle as kb
     from ingot.compiler.quantize.layout import checkpoint_layout
     from ingot.plugins.quant import unused_plugins
+    from ingot.plugins.quant import w4a16_qkv_rope as wq
+    from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
 
-    m, q = LLAMA_3_1_8B, QuantConfig(mode="fp8", kv_cache_dtype="fp8")
+    fp8 = mode == "fp8"
+    m = LLAMA_3_1_8B
+    q = QuantConfig(mode=mode, kv_cache_dtype="fp8" if fp8 else "auto")
     b = BuildConfig(max_batch_size=4, max_seq_len=512, max_num_tokens=256, tokens_per_block=32,
                     target="sm_90", fused_norms=fused_norms)  # fmt: skip
-    st = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16, "F32": torch.float32}
+    st = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16, "F32": torch.float32,
+          "I32": torch.int32}  # fmt: skip
     shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
     shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
     unused = unused_plugins(q.mode)
     choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
-    assert "fp8_qkv_rope_gemm" in {c.name for c in choices}
-    if fused_norms:  # the FP8 GEMMs default to cuBLASLt; the norms fold into GEMV tactics
-        from dataclasses import replace
-
-        from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
-
+    plugin = "fp8_qkv_rope_gemm" if fp8 else "w4a16_qkv_rope_gemm"
+    assert plugin in {c.name for c in choices}
+    if fused_norms and fp8:  # the FP8 GEMMs default to cuBLASLt; the norms fold into GEMVs
         gemv = next(t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m"))
         choices = tuple(
             replace(c, tactic=gemv.name, params=gemv.as_dict())
@@ -368,20 +385,22 @@ def test_fp8_engine_runs_the_qkv_rope_gemv_at_decode_sizes(fused_norms):
         )  # fmt: skip
     bundle = binaries(kb.engine_launches(m, q, b, choices, shapes))
     decoder, kv = kb.dry_run_decoder(m, q, b, choices, shapes)
-    assert decoder.fp8_qkv_rope is not None
+    assert decoder.quant_qkv_rope is not None
     assert decoder.fold_rows == (1 if fused_norms else 0)
-    fn = qkv_rope._qkv_rope_kernel
+    fn = qkv_rope._qkv_rope_kernel if fp8 else wq._w4a16_qkv_rope_kernel
     for batch in (1, 4):
         specs = _decode_step_launches(decoder, kv, b, (batch,))
         assert binaries(specs) <= bundle
-        fused = [s for s in specs if s.fn.endswith(":_qkv_rope_kernel")]
+        fused = [s for s in specs if s.fn.endswith(":" + fn.__name__)]
         rope = [s for s in specs if s.fn.endswith(":_rope_kernel")]
-        if batch == 1:
-            assert len(fused) == m.num_layers and not rope, (len(fused), len(rope))
-            assert {_constexpr(s, fn, "SCALED") for s in fused} == {True}
-            assert {_constexpr(s, fn, "KV_FP8") for s in fused} == {True}
-            # folded: every layer but the first normalizes and quantizes x as it loads it
-            quant_x = [_constexpr(s, fn, "QUANT_X") for s in fused]
-            assert quant_x == [False] + [fused_norms] * (m.num_layers - 1), quant_x
-        else:
+        if batch > 1:
             assert not fused and len(rope) == m.num_layers
+            continue
+        assert len(fused) == m.num_layers and not rope, (len(fused), len(rope))
+        assert {_constexpr(s, fn, "KV_FP8") for s in fused} == {fp8}
+        # folded: every layer but the first normalizes x as it loads it
+        norm = [_constexpr(s, fn, "NORM") for s in fused]
+        assert norm == [False] + [fused_norms] * (m.num_layers - 1), norm
+        if fp8:
+            assert {_constexpr(s, fn, "SCALED") for s in fused} == {True}
+            assert [_constexpr(s, fn, "QUANT_X") for s in fused] == norm

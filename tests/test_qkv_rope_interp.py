@@ -23,10 +23,16 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
-    from kernel_checks import fp8_qkv_rope_fused_vs_unfused, qkv_rope_fused_vs_unfused
+    from kernel_checks import (
+        fp8_qkv_rope_fused_vs_unfused,
+        qkv_rope_fused_vs_unfused,
+        w4a16_qkv_rope_fused_vs_unfused,
+    )
 
     from ingot.plugins import pdl
     from ingot.plugins.gemm import qkv_rope
+    from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.quant import w4a16_qkv_rope as wq
 
     F8 = torch.float8_e4m3fn
     # n2 (one dim pair per program), n4 with unroll, n8 (the widest)
@@ -64,6 +70,54 @@ else:
             again = fp8_qkv_rope_fused_vs_unfused(tactic, 1, 4, 2, 16, F8, K=512)
         for a, b in zip(plain["fused"], again["fused"], strict=True):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+    # INT4 AWQ weights (plugin w4a16_qkv_rope_gemm): the fp32 loop (n8, and n2 with max_m 2)
+    # and the packed one (bf16 x)
+    W4_FP32 = [t for t in tw.DECODE_TACTICS if not t.as_dict().get("packed")]
+    W4_DEC = [W4_FP32[0], next(t for t in W4_FP32 if t.as_dict()["block_n"] == 2)]
+    W4_DEC.append(next(t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")))
+    W4_PARAMS = [
+        (tw.combine_tactics(d, tw.GEMM_TACTICS[0]), *c)
+        for d in W4_DEC
+        for c in CASES
+        if c[0] <= d.as_dict()["max_m"] and c[3] % d.as_dict()["block_n"] == 0
+    ]
+
+    @pytest.mark.parametrize("tactic,T,heads,kv_heads,hd,kv_dtype,bias", W4_PARAMS,
+                             ids=lambda v: getattr(v, "name", None))  # fmt: skip
+    def test_w4a16_qkv_rope_equals_w4a16_gemv_then_rope(tactic, T, heads, kv_heads, hd,
+                                                        kv_dtype, bias):  # fmt: skip
+        packed = "packed" in tw._split_params(tactic)[0]
+        dtype = torch.bfloat16 if packed else torch.float16
+        w4a16_qkv_rope_fused_vs_unfused(tactic, T, heads, kv_heads, hd, kv_dtype, bias,
+                                        dtype=dtype, pqs=T == 1)  # fmt: skip
+
+    def test_w4a16_qkv_rope_pdl_variant_same_bits():
+        tactic = tw.combine_tactics(W4_DEC[0], tw.GEMM_TACTICS[0])
+        plain = w4a16_qkv_rope_fused_vs_unfused(tactic, 1, 4, 2, 16, F8, dtype=torch.float16)
+        with pdl.scope(True):
+            again = w4a16_qkv_rope_fused_vs_unfused(tactic, 1, 4, 2, 16, F8, dtype=torch.float16)
+        for a, b in zip(plain["fused"], again["fused"], strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+    def test_w4a16_qkv_rope_takes_what_its_gemv_takes():
+        """Past the tactic's max_m rows, fp64 x, or a head half the program's rows do not
+        divide: the W4A16 plugin then the RoPE kernel (same results, other launches)."""
+        from ingot.plugins.quant import reference as qref
+
+        dec = W4_FP32[0].as_dict()  # n8: 4 dims of a pair-half per program
+        assert dec["block_n"] == 8
+        qw = qref.pack_w4_engine(torch.randint(0, 16, ((4 + 2 * 2) * 16, 128)))
+        ws = torch.full((qw.shape[0], 1), 0.01, dtype=torch.float16)
+        x = torch.randn(1, 128, dtype=torch.float16)
+        args = (qw, ws, None, 128, None, None, 4, 2)
+        assert wq.fusable(x, *args, dec)
+        assert not wq.fusable(torch.randn(2, 128, dtype=torch.float16), *args, dec)
+        assert wq.fusable(x.float(), qw, ws.float(), None, 128, None, None, 4, 2, dec)
+        x64, ws64 = x.double(), ws.double()
+        assert not wq.fusable(x64, qw, ws64, None, 128, None, None, 4, 2, dec)
+        qw4 = qref.pack_w4_engine(torch.randint(0, 16, ((4 + 2 * 2) * 4, 128)))  # hd 4
+        assert not wq.fusable(x, qw4, ws[: qw4.shape[0]], None, 128, None, None, 4, 2, dec)
 
     def test_qkv_rope_pdl_variant_same_bits():
         tactic = TACTICS[0]

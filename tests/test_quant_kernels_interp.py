@@ -165,6 +165,19 @@ else:
 
     # ------------------------------------------------------------------ W4A16
 
+    class _Spy:
+        """A kernel whose launches record their keyword arguments."""
+
+        def __init__(self, kernel, calls: list) -> None:
+            self.kernel, self.calls = kernel, calls
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                self.calls.append(kw)
+                return self.kernel[grid](*args, **kw)
+
+            return launch
+
     def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):
         codes = torch.randint(0, 16, (N, K))
         qweight = qref.pack_w4_engine(codes)  # [N, K/8]
@@ -230,6 +243,38 @@ else:
                 model = w4a16_packed_model(x, qweight, scales, p, b)
                 assert rel_err(out, model) < 1e-6, (T, K, prm)
                 assert rel_err(model, ref.float()) > 1e-4  # the model is not the reference
+
+    @pytest.mark.parametrize("packed", [False, True])
+    def test_w4a16_pdl_gemv_loads_its_first_chunk_before_the_wait(packed, monkeypatch):
+        """The PDL variant of both GEMV kernels (the first chunk's words and scales loaded
+        before the wait, x after): the plain variant's bits, with one chunk that is all of K
+        (partial), whole chunks, and a partial last one; normalizing x as loaded too."""
+        from fused_norm_checks import _inputs
+
+        from ingot.plugins.gemm.fused_norm import NormIn, new_sums
+
+        torch.manual_seed(7)
+        dt = torch.bfloat16 if packed else torch.float16
+        dec = next(t for t in tw.DECODE_TACTICS if bool(t.as_dict().get("packed")) == packed)
+        params = dict(dec.as_dict(), block_g=2)
+        spec = []
+        monkeypatch.setattr(tw, "_w4a16_gemv_kernel", _Spy(tw._w4a16_gemv_kernel, spec))
+        for K in (128, 256, 384):
+            args, _ = _w4_case(K, 37, 1, dt, True)
+            plain = _w4_run(args, params, True)
+            with pdl.scope(True):
+                assert torch.equal(_w4_run(args, params, True), plain), K
+            x, qweight, scales, p, b = args
+            sums = new_sums(1, 1, "cpu")[0]
+            sums[0] = int(x.float().pow(2).sum() * 2**32)  # fine fixed-point sum of squares
+            norm = NormIn(_inputs(1, 8, K, "cpu", dtype=dt)["norm_w"], 1e-5, sums)
+            out = torch.empty(1, 37, dtype=dt)
+            normed = tw.launch_w4a16(x, qweight, scales, p, 128, b, out.clone(), params, True,
+                                     norm=norm)  # fmt: skip
+            with pdl.scope(True):
+                got = tw.launch_w4a16(x, qweight, scales, p, 128, b, out, params, True, norm=norm)
+            assert torch.equal(got, normed), K
+        assert {k["PDL"] for k in spec if "PDL" in k} and len(spec) == 12
 
     def test_w4a16_packed_tactics_take_other_dtypes_unpacked():
         """fp16 and fp32 activations under a packed tactic run the fp32 path (bf16x2 only)."""

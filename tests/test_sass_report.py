@@ -45,7 +45,8 @@ def test_packed_w4a16_gemv_loop_takes_fewer_instructions_per_weight():
     mod = _script("sass_w4a16")
     from ingot.plugins.quant import triton_w4a16 as tw
 
-    fp32, packed = tw.DECODE_TACTICS[0], next(t for t in tw.DECODE_TACTICS if t.name.endswith("_p"))
+    fp32 = next(t for t in tw.DECODE_TACTICS if not t.name.endswith("_p"))
+    packed = next(t for t in tw.DECODE_TACTICS if t.name.endswith("_p"))
     per_weight, ops = {}, {}
     for t in (fp32, packed):
         p = t.as_dict()

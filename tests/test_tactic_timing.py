@@ -332,3 +332,22 @@ def test_qkv_rope_plugins_run_their_gemms_attn_qkv_tactic(name, gemm):
     library = next(t for t in get_spec(gemm).candidates("cuda") if not t.as_dict().get("max_m"))
     choices = [_choice(gemm, library, "attn.qkv"), _choice(other, gemv, "attn.qkv")]
     assert qkv_rope_choice(choices, name).tactic == spec.default_tactic("cuda").name
+
+
+def test_int4_qkv_rope_runs_the_w4a16_pair_timed_at_attn_qkv():
+    """The W4A16 QKV-RoPE plugin takes the attn.qkv w4a16_gemm pair as timed (any GEMV half
+    with any GEMM half, not only the pairs its candidate list spells), except a GEMV of one
+    row a program (no whole RoPE pairs): then its default."""
+    from ingot.compiler.tactic_select import _choice, qkv_rope_choice
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    name = "w4a16_qkv_rope_gemm"
+    dec = [t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")][-1]  # not the first
+    pair = tw.combine_tactics(dec, tw.GEMM_TACTICS[-1])
+    assert pair.name not in {t.name for t in tw.W4A16_TACTICS}
+    got = qkv_rope_choice([_choice("w4a16_gemm", pair, "attn.qkv")], name)
+    assert (got.tactic, got.params) == (pair.name, pair.as_dict())
+    one_row = next(t for t in tw.DECODE_TACTICS if t.as_dict()["block_n"] == 1)
+    pair = tw.combine_tactics(one_row, tw.GEMM_TACTICS[0])
+    got = qkv_rope_choice([_choice("w4a16_gemm", pair, "attn.qkv")], name)
+    assert got.tactic == tw.W4A16_TACTICS[0].name

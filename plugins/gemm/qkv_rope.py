@@ -55,6 +55,75 @@ def _store_cache(ptr, y, slot, hkv, d, s_slot_blk, s_tok, s_h, s_d, scale, ok,
 
 
 @triton.jit
+def rope_pair_rows(HALF: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's head h, its dims d = j0 .. j0 + BLOCK_N/2 - 1 and its weight rows rn:
+    dims d of head h, then d + HALF (the rotate-half pairs). Grid: heads x HALF / (BLOCK_N/2)."""
+    HB: tl.constexpr = BLOCK_N // 2
+    PER_HEAD: tl.constexpr = HALF // HB
+    pid = tl.program_id(0)
+    h = pid // PER_HEAD
+    j0 = (pid % PER_HEAD) * HB
+    i = tl.arange(0, BLOCK_N)
+    rn = h * (2 * HALF) + j0 + i % HB + (i // HB) * HALF
+    return h, j0 + tl.arange(0, HB), rn
+
+
+@triton.jit
+def rope_inputs(pos_ptr, cos_ptr, sin_ptr, slot_ptr, ks_ptr, vs_ptr, rm_c, mm, d, s_cos,
+                HALF: tl.constexpr, KV_FP8: tl.constexpr):  # fmt: skip
+    """What the epilogue reads for x's rows rm_c (in range mm) and dims d: the cos / sin of
+    both halves, the token slots (ok: rows that are written), the FP8 cache's scales.
+    Loaded before the weight stream, which hides their latency (after the loop, two dependent
+    round trips cost ~1.2 us per call on the H200). PDL: these are step inputs, written before
+    the pass's first PDL kernel, so they may be read before the wait (plugins/pdl.py)."""
+    p = tl.load(pos_ptr + rm_c).to(tl.int64)[:, None] * s_cos
+    c1 = tl.load(cos_ptr + p + d[None, :])
+    c2 = tl.load(cos_ptr + p + HALF + d[None, :])
+    s1 = tl.load(sin_ptr + p + d[None, :])
+    s2 = tl.load(sin_ptr + p + HALF + d[None, :])
+    slot = tl.load(slot_ptr + rm_c).to(tl.int64)
+    ok = mm & (slot >= 0)
+    ks = 1.0
+    vs = 1.0
+    if KV_FP8:
+        ks = tl.load(ks_ptr)
+        vs = tl.load(vs_ptr)
+    return c1, c2, s1, s2, slot, ok, ks, vs
+
+
+@triton.jit
+def rope_epilogue(y, h, d, rm, mm, c1, c2, s1, s2, slot, ok, ks, vs, q_ptr, kc_ptr, vc_ptr,
+                  sqt, sqh, sk_blk, sk_tok, sk_h, sv_blk, sv_tok, sv_h, sv_d, HQ, HKV,
+                  HALF: tl.constexpr, BS: tl.constexpr, KV_FP8: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """y [BLOCK_M, BLOCK_N]: the fp32 sums (bias added) of rows `rope_pair_rows` gave, rounded
+    to q's dtype (the GEMM's output, as the RoPE kernel would read it), then: q heads rotated
+    into q, k heads rotated into the K cache, v heads stored into the V cache (its own layout:
+    FP8 pools transpose it), as `rope.triton_kernels._rope_kernel` would."""
+    HB: tl.constexpr = BLOCK_N // 2
+    dt = q_ptr.dtype.element_ty
+    y = y.to(dt).to(tl.float32)
+    x1, x2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HB]), (0, 2, 1)))
+    if h < HQ + HKV:  # q or k: rotate
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+        if h < HQ:
+            qp = q_ptr + rm[:, None] * sqt + h * sqh + d[None, :]
+            tl.store(qp, y1.to(dt), mask=mm[:, None])
+            tl.store(qp + HALF, y2.to(dt), mask=mm[:, None])
+        else:
+            hk = h - HQ
+            _store_cache(kc_ptr, y1, slot, hk, d, sk_blk, sk_tok, sk_h, 1, ks, ok, BS, KV_FP8, dt)
+            _store_cache(kc_ptr, y2, slot, hk, d + HALF, sk_blk, sk_tok, sk_h, 1, ks, ok, BS,
+                         KV_FP8, dt)  # fmt: skip
+    else:
+        hv = h - HQ - HKV
+        _store_cache(vc_ptr, x1, slot, hv, d, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS, KV_FP8, dt)
+        _store_cache(vc_ptr, x2, slot, hv, d + HALF, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS,
+                     KV_FP8, dt)  # fmt: skip
+
+
+@triton.jit
 def _qkv_rope_kernel(
     x_ptr,
     w_ptr,
@@ -111,33 +180,12 @@ def _qkv_rope_kernel(
     SCALED: FP8 weights and x with per-tensor scales at sw_ptr / sx_ptr, as the FP8 GEMV
     (`cuda._gemv_kernel`); QUANT_X: x arrives in the model dtype (NORM) and is quantized with
     sx as it is loaded. The output rounds to q's dtype (the model's)."""
-    HB: tl.constexpr = BLOCK_N // 2
-    PER_HEAD: tl.constexpr = HALF // HB
-    pid = tl.program_id(0)
-    h = pid // PER_HEAD
-    j0 = (pid % PER_HEAD) * HB
-    i = tl.arange(0, BLOCK_N)
-    rn = h * (2 * HALF) + j0 + i % HB + (i // HB) * HALF  # dims j0.. then j0 + HALF..
+    h, d, rn = rope_pair_rows(HALF, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     mm = rm < T
     rm_c = tl.where(mm, rm, 0)
-    d = j0 + tl.arange(0, HB)
-    # What the epilogue reads is loaded before the weight stream, which hides its latency
-    # (after the loop, two dependent round trips cost ~1.2 us per call on the H200). PDL: these
-    # are step inputs, written before the pass's first PDL kernel, so they may be read before
-    # the wait (plugins/pdl.py).
-    p = tl.load(pos_ptr + rm_c).to(tl.int64)[:, None] * s_cos
-    c1 = tl.load(cos_ptr + p + d[None, :])
-    c2 = tl.load(cos_ptr + p + HALF + d[None, :])
-    s1 = tl.load(sin_ptr + p + d[None, :])
-    s2 = tl.load(sin_ptr + p + HALF + d[None, :])
-    slot = tl.load(slot_ptr + rm_c).to(tl.int64)
-    ok = mm & (slot >= 0)
-    ks = 1.0
-    vs = 1.0
-    if KV_FP8:
-        ks = tl.load(ks_ptr)
-        vs = tl.load(vs_ptr)
+    c1, c2, s1, s2, slot, ok, ks, vs = rope_inputs(pos_ptr, cos_ptr, sin_ptr, slot_ptr, ks_ptr,
+                                                   vs_ptr, rm_c, mm, d, s_cos, HALF, KV_FP8)  # fmt: skip
     sx = 1.0
     if SCALED:
         sx = tl.load(sx_ptr)
@@ -150,26 +198,9 @@ def _qkv_rope_kernel(
         y = y * (sx * tl.load(sw_ptr))
     if HAS_BIAS:
         y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-    dt = q_ptr.dtype.element_ty
-    y = y.to(dt).to(tl.float32)  # the GEMM's output, as the RoPE kernel would read it
-    x1, x2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HB]), (0, 2, 1)))
-    if h < HQ + HKV:  # q or k: rotate
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
-        if h < HQ:
-            qp = q_ptr + rm[:, None] * sqt + h * sqh + d[None, :]
-            tl.store(qp, y1.to(q_ptr.dtype.element_ty), mask=mm[:, None])
-            tl.store(qp + HALF, y2.to(q_ptr.dtype.element_ty), mask=mm[:, None])
-        else:
-            hk = h - HQ
-            _store_cache(kc_ptr, y1, slot, hk, d, sk_blk, sk_tok, sk_h, 1, ks, ok, BS, KV_FP8, dt)
-            _store_cache(kc_ptr, y2, slot, hk, d + HALF, sk_blk, sk_tok, sk_h, 1, ks, ok, BS,
-                         KV_FP8, dt)  # fmt: skip
-    else:  # v: stored as computed, in the V cache's own layout (FP8 pools transpose it)
-        hv = h - HQ - HKV
-        _store_cache(vc_ptr, x1, slot, hv, d, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS, KV_FP8, dt)
-        _store_cache(vc_ptr, x2, slot, hv, d + HALF, sv_blk, sv_tok, sv_h, sv_d, vs, ok, BS,
-                     KV_FP8, dt)  # fmt: skip
+    rope_epilogue(y, h, d, rm, mm, c1, c2, s1, s2, slot, ok, ks, vs, q_ptr, kc_ptr, vc_ptr,
+                  sqt, sqh, sk_blk, sk_tok, sk_h, sv_blk, sv_tok, sv_h, sv_d, HQ, HKV,
+                  HALF, BS, KV_FP8, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 def fusable(x, weight, bias, num_heads, num_kv_heads, params, norm=None, out_dtype=None) -> bool:

@@ -15,10 +15,15 @@ FP8_FUSED_PLUGINS = (
 )
 
 
+# INT4 AWQ engines: the QKV GEMV with RoPE in its epilogue.
+INT4_FUSED_PLUGINS = ("w4a16_qkv_rope_gemm",)
+
+
 def unused_plugins(mode: str, lm_head: bool = False) -> set[str]:
     """Quantized plugins an engine of quantization `mode` does not run (`lm_head`: its lm_head
     is FP8, so fp8_gemm runs whatever the mode)."""
     unused = {
         p for m, p in GEMM_PLUGIN_OF_MODE.items() if m != mode and not (lm_head and m == "fp8")
     }
-    return unused | (set() if mode == "fp8" else set(FP8_FUSED_PLUGINS))
+    unused |= set() if mode == "fp8" else set(FP8_FUSED_PLUGINS)
+    return unused | (set() if mode == "int4_awq" else set(INT4_FUSED_PLUGINS))

@@ -143,6 +143,44 @@ def make_fp8_qkv_rope_linear(tactic=None):
     return fp8_qkv_rope_linear
 
 
+def w4a16_qkv_rope_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    pre_quant_scale: torch.Tensor | None,
+    group_size: int,
+    zeros: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The W4A16 QKV projection (`w4a16_linear`), then RoPE and the KV-cache write
+    (`rope.reference.rope_write_kv`): -> the rotated q [T, Hq, hd]."""
+    from ..gemm.reference import unfused_qkv_rope
+    from ..rope.reference import rope_write_kv
+
+    def linear(x, qweight, bias):
+        return w4a16_linear(x, qweight, scales, pre_quant_scale, group_size, zeros, bias)
+
+    return unfused_qkv_rope(
+        linear, rope_write_kv, x, qweight, bias, positions, cos, sin, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+def make_w4a16_qkv_rope_linear(tactic=None):
+    return w4a16_qkv_rope_linear
+
+
 def make_fp8_swiglu_linear(tactic=None):
     return fp8_swiglu_linear
 

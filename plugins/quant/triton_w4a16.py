@@ -73,9 +73,13 @@ def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
 # NOTE: a build on the GPU times these per use site (compiler/tactic_select.py); the first of
 # each is the default when cross-building without a GPU. GEMV: block_g blocks of 128 k per
 # chunk (32 blocks x 16 words is one 4-warp pass over a K = 4,096 row); BLOCK_M * BLOCK_N * 4
-# fp32 accumulators per thread. First: the fastest for qkv, gate_up and down on the H200
-# (docs/bench/bench-w4a16-2026-12-04-v2-kernel.json; o: n4_g16_w2, 0.2 us faster).
+# fp32 accumulators per thread. First (the cross-build default): packed n16_g16_w4, the
+# fastest summed over the four sites on the H200 (64.4 us a layer against 69.1 for fp32
+# n8_g16_w2, the fastest fp32 one; it is fastest or within 0.1 us at qkv, o and down, and
+# 1.3 us behind packed n8_g16_w2 at gate_up; docs/bench/bench-w4a16-2026-12-05-packed.json).
+# Packed tactics take bf16 x; other dtypes run the fp32 loop with the same blocks.
 DECODE_TACTICS: tuple[Tactic, ...] = (
+    _dec(16, 16, 4, 1, 1, packed=True),
     _dec(8, 16, 2, 1, 1),
     _dec(4, 32, 4, 1, 1),
     _dec(8, 32, 4, 1, 1),
@@ -84,11 +88,9 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(4, 64, 8, 1, 1),
     _dec(8, 32, 4, 2, 1),
     _dec(1, 32, 4, 1, 4),
-    # packed (bf16x2) variants: ~2.4 instructions per weight instead of ~4.4 (not yet timed on
-    # the H200; the build times them beside the rest and keeps whichever is fastest)
+    # packed (bf16x2): 2.9-3.0 sm_90 instructions a weight in the K loop against 4.4
     _dec(8, 16, 2, 1, 1, packed=True),
     _dec(8, 32, 4, 1, 1, packed=True),
-    _dec(16, 16, 4, 1, 1, packed=True),
     _dec(4, 32, 4, 1, 2, packed=True),
 )
 GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interleaved blocks)
@@ -291,14 +293,12 @@ def _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic):
 
 
 @triton.jit
-def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
-    """This program's rows of the weight (rn, in range nm, clamped rn_c: rows past N re-read
-    row 0 and are masked at the store) and of x (rm, mm), the first chunk's pointers for words
+def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, wn_ptr, rn, T, N, KB, sxm, rw, BLOCK_M: tl.constexpr,
+               NORM: tl.constexpr):  # fmt: skip
+    """For weight rows rn (in range nm, clamped rn_c: rows past N re-read row 0 and are masked
+    at the store) and x's rows (rm, mm; clamped rm_c): the first chunk's pointers for words
     rw [1, 1, BKW] (weights [1, BN, BKW]; x, pre_quant_scale and NORM's norm weight
-    [BM, 1, BKW]) and NORM's 1 / rms of x's rows [BM, 1, 1] (after the PDL wait: the sums are
-    the kernel before's)."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    [BM, 1, BKW])."""
     nm = rn < N
     rn_c = tl.where(nm, rn, 0)
     rm = tl.arange(0, BLOCK_M)
@@ -310,16 +310,121 @@ def _gemv_ptrs(x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, e
     n_ptrs = x_ptrs  # unused without NORM
     if NORM:
         n_ptrs = wn_ptr + x_off
-    rstd = norm_scale(ss_ptr, rm_c, sss, KB * 128, eps, NORM, BLOCK_M)[:, None, None]
-    return rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, pqs_ptr + x_off, n_ptrs, rstd
+    return nm, rn_c, rm, mm, rm_c, w_ptrs, x_ptrs, pqs_ptr + x_off, n_ptrs
 
 
 @triton.jit
-def _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss,
+def _load_chunk(w_ptrs, s_ptrs, g0, KB, rw, rs, S_PER: tl.constexpr,
+                BLOCKS_PER_GROUP: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """The chunk at block g0: its words (streamed once: evicted first) and scales, S_PER
+    words a scale (16: one a word; 4: one per thread's 4 words)."""
+    if MASKED:
+        words = tl.load(w_ptrs + g0 * 16, mask=(g0 * 16 + rw) < KB * 16, other=0,
+                        eviction_policy="evict_first")  # fmt: skip
+        sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP, mask=(g0 * S_PER + rs) < KB * S_PER,
+                     other=0.0)  # fmt: skip
+    else:
+        words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
+        sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
+    return words, sc
+
+
+@triton.jit
+def _fp32_chunk(words, sc, xo, po, no, wm, KB, rstd, magic, HAS_PQS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BKW: tl.constexpr,
+                MASKED: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    """The fp32 loop's chunk -> [BM, BN, BKW]: per word, each nibble's code - 8
+    (`_nibble_minus_8`) times its activation in fp32, the block's scale per word's sum."""
+    part = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
+    for h in tl.static_range(2):
+        half = words
+        if h == 1:
+            half = words >> 16  # nibbles 4..7 (the masks below drop the sign bits)
+        for j in tl.static_range(4):
+            xj = _x_nibble(xo, po, no, 4 * h + j, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED,
+                           NORM)  # fmt: skip
+            part += xj * _nibble_minus_8(half, j, magic)
+    return part * sc.to(tl.float32)
+
+
+@triton.jit
+def _packed_chunk(words, sc, xo, po, no, wm, KB, rstd, magic, magic2, c136,
+                  HAS_PQS: tl.constexpr, MASKED: tl.constexpr, GATED: tl.constexpr,
+                  NORM: tl.constexpr):  # fmt: skip
+    """The packed loop's chunk -> [BM, BN, BKW / 4], in bf16x2 arithmetic (`_packed_quad`):
+    the activations of each nibble pair are packed once per chunk (shared by the BLOCK_N
+    rows), and a thread's 4 words share one scale, applied once."""
+    xp0 = _x_pair(xo, po, no, 0, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+    xp1 = _x_pair(xo, po, no, 1, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+    xp2 = _x_pair(xo, po, no, 2, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+    xp3 = _x_pair(xo, po, no, 3, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
+    return _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic) * sc.to(tl.float32)
+
+
+@triton.jit
+def _chunk(words, sc, x_ptrs, p_ptrs, n_ptrs, g0, rw, KB, rstd, magic, magic2, c136,
+           HAS_PQS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BKW: tl.constexpr, MASKED: tl.constexpr, GATED: tl.constexpr,
+           PACKED: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    """The chunk at block g0 (words and scales loaded) times x's: the fp32 or PACKED math."""
+    wm = (g0 * 16 + rw) < KB * 16
+    xo, po, no = x_ptrs + g0 * 128, p_ptrs + g0 * 128, n_ptrs + g0 * 128
+    # NOTE: if / else, not an early return: Triton compiled the code after a constexpr
+    # branch's return too (the fp32 math on the packed shapes failed to compile)
+    if PACKED:
+        out = _packed_chunk(words, sc, xo, po, no, wm, KB, rstd, magic, magic2, c136, HAS_PQS,
+                            MASKED, GATED, NORM)  # fmt: skip
+    else:
+        out = _fp32_chunk(words, sc, xo, po, no, wm, KB, rstd, magic, HAS_PQS, BLOCK_M, BLOCK_N,
+                          BKW, MASKED, GATED, NORM)  # fmt: skip
+    return out
+
+
+@triton.jit
+def w4a16_rows(x_ptr, qw_ptr, s_ptr, pqs_ptr, rn, T, N, KB, sxm, magic, magic2, c136,
+               HAS_PQS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
+               STAGES: tl.constexpr, GATED: tl.constexpr, PACKED: tl.constexpr,
+               NORM: tl.constexpr, wn_ptr, ss_ptr, sss, eps, PDL: tl.constexpr):  # fmt: skip
+    """The W4A16 GEMV of weight rows rn [BLOCK_N] (any rows: the QKV-RoPE kernel takes them
+    in RoPE pairs) with x's first T rows -> (sums [BLOCK_M, BLOCK_N] fp32, nm, rn_c, rm, mm):
+    `_gemv_ptrs`'s rows, the fp32 or the PACKED loop. The kernels' contract:
+    `_w4a16_gemv_kernel`. Waits for the kernel before (PDL) after loading the first chunk's
+    words and scales, which never depend on it: they stream in during its tail; x, and NORM's
+    sums of squares, are read after the wait. The sums' order is the plain loop's (the same
+    bits)."""
+    BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
+    S_PER: tl.constexpr = 4 if PACKED else 16  # words a scale is loaded for
+    rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
+    rs = tl.arange(0, BLOCK_G * S_PER)[None, None, :]
+    nm, rn_c, rm, mm, rm_c, w_ptrs, x_ptrs, p_ptrs, n_ptrs = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, wn_ptr, rn, T, N, KB, sxm, rw, BLOCK_M, NORM
+    )
+    s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
+    s_ptrs += rs // (S_PER * BLOCKS_PER_GROUP)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G * S_PER], tl.float32)
+    START: tl.constexpr = BLOCK_G if PDL else 0  # where the loop begins
+    if PDL:
+        words, sc = _load_chunk(w_ptrs, s_ptrs, 0, KB, rw, rs, S_PER, BLOCKS_PER_GROUP, MASKED)
+        pdl_begin(PDL)
+        rstd = norm_scale(ss_ptr, rm_c, sss, KB * 128, eps, NORM, BLOCK_M)[:, None, None]
+        acc += _chunk(words, sc, x_ptrs, p_ptrs, n_ptrs, 0, rw, KB, rstd, magic, magic2, c136,
+                      HAS_PQS, BLOCK_M, BLOCK_N, BKW, MASKED, GATED, PACKED, NORM)  # fmt: skip
+    else:
+        rstd = norm_scale(ss_ptr, rm_c, sss, KB * 128, eps, NORM, BLOCK_M)[:, None, None]
+    # NOTE: never a lower bound past the upper one (one chunk is all of K): as gemv_acc
+    for g0 in tl.range(START, tl.maximum(KB, START), BLOCK_G, num_stages=STAGES):
+        words, sc = _load_chunk(w_ptrs, s_ptrs, g0, KB, rw, rs, S_PER, BLOCKS_PER_GROUP, MASKED)
+        acc += _chunk(words, sc, x_ptrs, p_ptrs, n_ptrs, g0, rw, KB, rstd, magic, magic2, c136,
+                      HAS_PQS, BLOCK_M, BLOCK_N, BKW, MASKED, GATED, PACKED, NORM)  # fmt: skip
+    return tl.sum(acc, axis=2), nm, rn_c, rm, mm
+
+
+@triton.jit
+def _gemv_store(y, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss,
                 HAS_BIAS: tl.constexpr, ADD_OUT: tl.constexpr):  # fmt: skip
-    """out[rm, rn] = the sum of acc [BM, BN, *] over its last axis (+ bias); ADD_OUT: added
-    into out, the residual stream, with the rows' sums of squares (fused_norm.py)."""
-    y = tl.sum(acc, axis=2)  # [BM, BN]
+    """out[rm, rn] = y [BM, BN] (+ bias); ADD_OUT: added into out, the residual stream, with
+    the rows' sums of squares (fused_norm.py)."""
     if HAS_BIAS:
         y += tl.load(b_ptr + rn_c).to(tl.float32)[None, :]
     o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * som + rn[None, :]
@@ -332,12 +437,12 @@ def _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss,
 
 @triton.jit
 def _w4a16_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic,
+    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic, magic2, c136,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
     STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
     NORM: tl.constexpr = False, wn_ptr=None, ss_ptr=None, eps=0.0,
-    ADD_OUT: tl.constexpr = False, sums_ptr=None, sss=0,
+    ADD_OUT: tl.constexpr = False, sums_ptr=None, sss=0, PACKED: tl.constexpr = False,
 ):  # fmt: skip
     """out[m, n] = sum_k (x[m, k] * pqs[k]) * (u[n, k] - 8) * scales[n, k // G] (+ b[n]) for
     m < T and this program's BLOCK_N rows; KB = K / 128 blocks per row. Tensors are
@@ -345,78 +450,15 @@ def _w4a16_gemv_kernel(
     MASKED: KB is not a multiple of BLOCK_G (the last chunk is partial). GATED: x rows are
     [gate | up], 2K wide, and x = silu(gate) * up (the MLP's down projection; `_x_nibble`).
     NORM / ADD_OUT: the RMSNorm folded in, as `plugins/gemm/cuda.py:_gemv_kernel` (x is the
-    residual stream, normalized as loaded / the output is added into the residual stream)."""
-    pdl_begin(PDL)
-    BKW: tl.constexpr = BLOCK_G * 16  # words per row per chunk
-    rw = tl.arange(0, BKW)[None, None, :]  # [1, 1, BKW]: word w of the chunk, block w // 16
-    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs, n_ptrs, rstd = _gemv_ptrs(
-        x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps, BLOCK_M, BLOCK_N, NORM
-    )
-    s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
-    s_ptrs += rw // (16 * BLOCKS_PER_GROUP)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
-    for g0 in tl.range(0, KB, BLOCK_G, num_stages=STAGES):
-        wm = (g0 * 16 + rw) < KB * 16
-        if MASKED:
-            words = tl.load(w_ptrs + g0 * 16, mask=wm, other=0, eviction_policy="evict_first")
-            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP, mask=wm, other=0.0)
-        else:
-            words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
-            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
-        xo, po, no = x_ptrs + g0 * 128, p_ptrs + g0 * 128, n_ptrs + g0 * 128
-        part = tl.zeros([BLOCK_M, BLOCK_N, BKW], tl.float32)
-        for h in tl.static_range(2):
-            half = words
-            if h == 1:
-                half = words >> 16  # nibbles 4..7 (the masks below drop the sign bits)
-            for j in tl.static_range(4):
-                xj = _x_nibble(xo, po, no, 4 * h + j, wm, KB * 128, rstd, HAS_PQS, MASKED,
-                               GATED, NORM)  # fmt: skip
-                part += xj * _nibble_minus_8(half, j, magic)
-        acc += part * sc.to(tl.float32)
-    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)
-
-
-@triton.jit
-def _w4a16_gemv_packed_kernel(
-    x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, magic, magic2, c136,
-    HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-    STAGES: tl.constexpr, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
-    NORM: tl.constexpr = False, wn_ptr=None, ss_ptr=None, eps=0.0,
-    ADD_OUT: tl.constexpr = False, sums_ptr=None, sss=0,
-):  # fmt: skip
-    """`_w4a16_gemv_kernel`'s contract for bf16 x, in bf16x2 arithmetic (`_packed_quad`): the
-    activations of each nibble pair are packed once per chunk (shared by the BLOCK_N rows),
-    and a thread's 4 words share one scale, so scales are loaded and applied per 4 words
-    (Triton still loads them in a layout of its own: one small shared-memory exchange per
-    chunk, against four for the fp32 kernel's per-word scales). Tensors are [BLOCK_M, BLOCK_N,
-    BLOCK_G * 16] (words) and [BLOCK_M, BLOCK_N, BLOCK_G * 4] (a thread's 4 words)."""
-    pdl_begin(PDL)
-    BKW: tl.constexpr = BLOCK_G * 16
-    rw = tl.arange(0, BKW)[None, None, :]
-    rn, nm, rn_c, rm, mm, w_ptrs, x_ptrs, p_ptrs, n_ptrs, rstd = _gemv_ptrs(
-        x_ptr, qw_ptr, pqs_ptr, wn_ptr, ss_ptr, T, N, KB, sxm, rw, sss, eps, BLOCK_M, BLOCK_N, NORM
-    )
-    rq = tl.arange(0, BLOCK_G * 4)[None, None, :]  # 4 words each, block rq // 4
-    s_ptrs = s_ptr + rn_c.to(tl.int64)[None, :, None] * (KB // BLOCKS_PER_GROUP)
-    s_ptrs += rq // (4 * BLOCKS_PER_GROUP)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G * 4], tl.float32)
-    for g0 in tl.range(0, KB, BLOCK_G, num_stages=STAGES):
-        wm = (g0 * 16 + rw) < KB * 16
-        if MASKED:
-            words = tl.load(w_ptrs + g0 * 16, mask=wm, other=0, eviction_policy="evict_first")
-            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP, mask=(g0 * 4 + rq) < KB * 4, other=0.0)
-        else:
-            words = tl.load(w_ptrs + g0 * 16, eviction_policy="evict_first")
-            sc = tl.load(s_ptrs + g0 // BLOCKS_PER_GROUP)
-        xo, po, no = x_ptrs + g0 * 128, p_ptrs + g0 * 128, n_ptrs + g0 * 128
-        xp0 = _x_pair(xo, po, no, 0, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
-        xp1 = _x_pair(xo, po, no, 1, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
-        xp2 = _x_pair(xo, po, no, 2, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
-        xp3 = _x_pair(xo, po, no, 3, wm, KB * 128, rstd, HAS_PQS, MASKED, GATED, NORM)
-        acc += _packed_quad(words, xp0, xp1, xp2, xp3, magic2, c136, magic) * sc.to(tl.float32)
-    _gemv_store(acc, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)
+    residual stream, normalized as loaded / the output is added into the residual stream).
+    PACKED: bf16 x, the bf16x2 loop (`_packed_loop`; magic2 and c136 its constants)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    y, nm, rn_c, rm, mm = w4a16_rows(
+        x_ptr, qw_ptr, s_ptr, pqs_ptr, rn, T, N, KB, sxm, magic, magic2, c136, HAS_PQS,
+        BLOCKS_PER_GROUP, BLOCK_M, BLOCK_N, BLOCK_G, MASKED, STAGES, GATED, PACKED, NORM,
+        wn_ptr, ss_ptr, sss, eps, PDL,
+    )  # fmt: skip
+    _gemv_store(y, b_ptr, out_ptr, som, rn, nm, rn_c, rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)
 
 
 @triton.jit
@@ -519,14 +561,11 @@ def launch_w4a16(
     if decode:
         bn, bg, kb = int(params["block_n"]), int(params["block_g"]), K // W4_BLOCK
         packed = bool(params.get("packed", 0)) and x.dtype == torch.bfloat16
-        kernel, extra = _w4a16_gemv_kernel, ()
-        if packed:
-            kernel, extra = _w4a16_gemv_packed_kernel, (_MAGIC_BF16X2, _C136_BF16X2)
-        kernel[(triton.cdiv(N, bn),)](
-            *args, kb, x.stride(0), out.stride(0), _MAGIC, *extra,
+        _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](
+            *args, kb, x.stride(0), out.stride(0), _MAGIC, _MAGIC_BF16X2, _C136_BF16X2,
             BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
             BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
-            **norm_args(norm), **add_args(add),
+            **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}),
         )  # fmt: skip
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
