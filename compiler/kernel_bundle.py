@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import torch
 
+from ingot.plugins.attention.layout import SHORT_CONTEXT
 from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
-from ingot.runtime.cuda_graphs import batch_buckets, prefill_buckets
+from ingot.runtime.cuda_graphs import SHORT_TIER_MAX_BATCH, batch_buckets, prefill_buckets
 from ingot.runtime.engine import EngineConfig, PluginChoice
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.kv_cache import KVCache
@@ -98,6 +99,9 @@ def engine_launches(
     batches: list[tuple[list[int], int, int | None]] = [
         ([1] * b, build.max_seq_len, None) for b in batch_buckets(build.max_batch_size)
     ]
+    if build.max_seq_len > SHORT_CONTEXT:  # the small-batch decode graphs' short tier
+        batches += [([1] * b, SHORT_CONTEXT, None) for b in batch_buckets(build.max_batch_size)
+                    if b <= SHORT_TIER_MAX_BATCH]  # fmt: skip
     for t in PREFILL_TOKENS:
         if t <= build.max_num_tokens:
             batches.append(([t], t, None))  # one prompt

@@ -126,14 +126,15 @@ class _Shapes:
         return args, kw | {"max_context_len": self.b.max_seq_len}
 
     def attention(
-        self, n_q: int, ctx: int, kv_fp8: bool = False
+        self, n_q: int, ctx: int, kv_fp8: bool = False, bound: int | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """One sequence: n_q queries (1: the decode kernel's inputs, else the prefill
-        kernel's) ending a context of ctx tokens, with the engine's KV cache dtype."""
+        kernel's) ending a context of ctx tokens, with the engine's KV cache dtype. bound:
+        the decode launch's context bound (the decode graphs': max_seq_len unless given)."""
         args, kw = self._paged(1, n_q, ctx, kv_fp8)
         # NOTE: each kernel takes only its own bound (a stray kwarg made every candidate fail)
         if n_q == 1:
-            return args, kw | {"max_context_len": self.b.max_seq_len}
+            return args, kw | {"max_context_len": bound or self.b.max_seq_len}
         return args, kw | {"max_query_len": n_q}
 
     def op(self, name: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -284,7 +285,26 @@ def timed_choices(
             make_prefill_attention,
         )
         large, r3 = large_batch_decode()
-        return _choice("paged_attention", combine_tactics(dec, pf, large), None, r1 + r2 + r3)
+        short, r4 = short_context_decode()
+        return _choice("paged_attention", combine_tactics(dec, pf, large, short), None,
+                       r1 + r2 + r3 + r4)  # fmt: skip
+
+    def short_context_decode() -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
+        """The decode tactic of launches bounded by SHORT_CONTEXT keys (the small-batch decode
+        graphs' short tier), timed at 256 keys under that bound; None if every context fits
+        it anyway (the main decode tactic is then timed at those contexts)."""
+        from ingot.plugins.attention.layout import SHORT_CONTEXT
+
+        if build.max_seq_len <= SHORT_CONTEXT:
+            return None, []
+        res = time_tactics(
+            "paged_attention",
+            DECODE_TACTICS,
+            lambda: shapes.attention(1, min(256, SHORT_CONTEXT), kv_fp8, bound=SHORT_CONTEXT),
+            factory=make_decode_attention,
+        )
+        return res[0][0], [(Tactic(f"{t.name}@short{SHORT_CONTEXT}", t.params), ms)
+                           for t, ms in res]  # fmt: skip
 
     def large_batch_decode() -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
         """The decode tactic of steps with >= LARGE_BATCH_ROWS sequences x kv heads, timed

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ingot.plugins.attention.layout import SHORT_CONTEXT
+
 from .kv_cache import KVCache
 from .memory import PREFILL_GRAPH_TOKENS
 from .model import AttnMetadata, Decoder, SampleRows
@@ -87,8 +89,17 @@ def capture_graphs(
     return graphs, outputs
 
 
+# Decode graphs of at most this many sequences are captured twice: at the engine's context
+# bound and at SHORT_CONTEXT, which steps whose contexts all fit run (their attention launches
+# a smaller split grid with the short-context decode tactic; plugins/attention/triton_decode.py)
+SHORT_TIER_MAX_BATCH = 8
+
+
 class DecodeGraphs:
-    """Captured decoder.forward + logits + argmax for decode-only steps."""
+    """Captured decoder.forward + logits + argmax for decode-only steps.
+
+    short_context: the bound of the second tier of small-batch graphs (None or not below
+    max_context_len: none)."""
 
     def __init__(
         self,
@@ -98,9 +109,13 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         max_context_len: int,
         device: torch.device,
+        short_context: int | None = SHORT_CONTEXT,
     ) -> None:
         self.decoder, self.kv = decoder, kv
         self.buckets = batch_buckets(max_batch_size)
+        short = short_context is not None and short_context < max_context_len
+        self.short_context = short_context if short else None
+        self.short_buckets = [b for b in self.buckets if short and b <= SHORT_TIER_MAX_BATCH]
         n, w = max_batch_size, max_blocks_per_seq
         # ids | positions | slots | context lens | block tables [n, w]
         sizes = [n, n, n, n, n * w]
@@ -127,18 +142,13 @@ class DecodeGraphs:
         self.h_ids, self.h_pos, self.h_slots, self.h_ctx = h[:4]
         self.h_tables = h[4].reshape(len(self.h_ids), -1)
 
-    def _meta(self, b: int) -> AttnMetadata:
-        return AttnMetadata(
-            self.slots[:b],
-            self.tables[:b],
-            self.ctx[:b],
-            self.qsl[: b + 1],
-            self.max_context_len,
-            1,
-        )
+    def _meta(self, b: int, bound: int) -> AttnMetadata:
+        return AttnMetadata(self.slots[:b], self.tables[:b], self.ctx[:b], self.qsl[: b + 1],
+                            bound, 1)  # fmt: skip
 
-    def _run(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.decoder.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv)
+    def _run(self, b: int, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = self._meta(b, bound or self.max_context_len)
+        hidden = self.decoder.forward(self.ids[:b], self.pos[:b], meta, self.kv)
         logits = self.decoder.step_logits(hidden)
         return logits, greedy_tokens(logits)
 
@@ -158,6 +168,11 @@ class DecodeGraphs:
         self.graphs, outputs = capture_graphs(self.buckets, self._run)
         for b, (logits, greedy) in outputs.items():
             self.logits[b], self.greedy[b] = logits, greedy
+        self.short_graphs, self.short_outputs = {}, {}
+        if self.short_buckets:
+            self.short_graphs, self.short_outputs = capture_graphs(
+                self.short_buckets, lambda b: self._run(b, self.short_context)
+            )
 
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.buckets[-1]
@@ -183,6 +198,10 @@ class DecodeGraphs:
         self._copied[i] = recorded_event(self.dev.device)
         if ids is not None:
             self.ids[:b].copy_(ids)
+        if bucket in self.short_graphs and int(np.max(plan.context_lens)) <= self.short_context:
+            self.short_graphs[bucket].replay()
+            logits, greedy = self.short_outputs[bucket]
+            return logits[:b], greedy[:b]
         self.graphs[bucket].replay()
         return self.logits[bucket][:b], self.greedy[bucket][:b]
 

@@ -204,7 +204,13 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     # stores V itself)
     ex.decoder.decode_writes_v = quant == "fp8" and not fold
     width = ex.scheduler.config.max_blocks_per_seq
-    ex.graphs = cg.DecodeGraphs(ex.decoder, ex.kv, 8, width, 256, torch.device("cpu"))
+    # a short tier at 32 keys: the lone short prompts' steps run it, the batch's the main one
+    ex.graphs = cg.DecodeGraphs(ex.decoder, ex.kv, 8, width, 256, torch.device("cpu"), 32)
+    assert ex.graphs.short_buckets == [1, 2, 4, 8]
+    tiers = {"short": 0, "main": 0}
+    for tier, graphs in (("short", ex.graphs.short_graphs), ("main", ex.graphs.graphs)):
+        for g in graphs.values():
+            g.replay = lambda _r=g.replay, _t=tier: tiers.__setitem__(_t, tiers[_t] + 1) or _r()
     ex.prefill_graphs = cg.PrefillGraphs(
         ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu")
     )
@@ -238,6 +244,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert batched == ref, (batched, ref)
     assert alone == ref[:3], (alone, ref[:3])
     assert used["decode"] > 0 and used["prefill"] >= 3, used
+    assert tiers["short"] > 0 and tiers["main"] > 0, tiers
     assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert bool(segments) == (quant == "fp8"), segments

@@ -47,14 +47,15 @@ def _launches(b: BuildConfig, m=LLAMA_3_1_8B, choices=None) -> list:
     return engine_launches(m, QuantConfig(), b, choices, shapes)
 
 
-def _decode_step_launches(decoder, kv, b: BuildConfig, batches) -> list:
-    """The launches of the dry-run decoder's decode steps at these batch sizes."""
+def _decode_step_launches(decoder, kv, b: BuildConfig, batches, bound=None) -> list:
+    """The launches of the dry-run decoder's decode steps at these batch sizes, under a
+    context bound (the decode graphs': max_seq_len unless given)."""
     from ingot.compiler import kernel_bundle as kb
 
     width = -(-b.max_seq_len // b.tokens_per_block)
     with kb.recorded_launches() as specs:
         for n in batches:
-            meta = kb._meta_batch([1] * n, width, b.max_seq_len)
+            meta = kb._meta_batch([1] * n, width, bound or b.max_seq_len)
             ids = torch.empty(n, dtype=torch.int32, device="meta")
             decoder.logits(decoder.forward(ids, ids, meta, kv))
     return specs
@@ -81,6 +82,44 @@ def test_dry_run_records_every_decode_split_plan():
     }
     assert wanted == {True, False}  # small batches split the context, large ones do not
     assert wanted <= recorded
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_short_context_decode_graphs_launch_bundled_binaries(pdl):
+    """An engine whose attention tactic has a short-context decode tactic (other blocks and
+    warps than its decode one): the decode graphs' short tier (small batches, bounded by
+    SHORT_CONTEXT keys) launches that tactic's kernel, the main tier the decode tactic's, and
+    the bundle holds both."""
+    from dataclasses import replace
+
+    from ingot.compiler import kernel_bundle as kb
+    from ingot.plugins.attention.layout import SHORT_CONTEXT
+    from ingot.runtime.cuda_graphs import SHORT_TIER_MAX_BATCH
+
+    m = LLAMA_3_1_8B
+    b = BuildConfig(max_batch_size=16, max_seq_len=2048, max_num_tokens=512, tokens_per_block=64,
+                    target="sm_90", pdl=pdl)  # fmt: skip
+    main, short = dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[5]
+    fn = dec._decode_kernel
+    assert main.as_dict()["block_n"] != short.as_dict()["block_n"]
+    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS
+
+    tactic = dec.combine_tactics(main, PREFILL_TACTICS[0], None, short)
+    choices = tuple(
+        replace(c, tactic=tactic.name, params=tactic.as_dict()) if c.name == "paged_attention"
+        else c
+        for c in default_choices("sm_90", m)
+    )  # fmt: skip
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    bundle = binaries(engine_launches(m, QuantConfig(), b, choices, shapes))
+    decoder, kv = kb.dry_run_decoder(m, QuantConfig(), b, choices, shapes)
+    small = [n for n in batch_buckets(b.max_batch_size) if n <= SHORT_TIER_MAX_BATCH]
+    for bound, want in ((SHORT_CONTEXT, short), (b.max_seq_len, main)):
+        specs = _decode_step_launches(decoder, kv, b, small, bound)
+        assert binaries(specs) <= bundle
+        blocks = {_constexpr(s, fn, "BLOCK_N") for s in specs if s.fn.endswith(":_decode_kernel")}
+        assert blocks == {want.as_dict()["block_n"]}, (bound, blocks)
 
 
 def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):

@@ -65,6 +65,62 @@ def test_large_batches_run_the_large_batch_decode_tactic(monkeypatch):
     assert seen == [small.as_dict()]  # without one, the small-batch tactic serves all
 
 
+def test_short_context_launches_run_the_short_context_decode_tactic(monkeypatch):
+    """A paged_attention tactic with a short-context decode tactic launches it for decode
+    steps bounded by SHORT_CONTEXT keys (the decode graphs' short tier), and its decode tactic
+    past that bound; large batches keep the large-batch one; without one, the decode tactic."""
+    from ingot.plugins.attention.layout import SHORT_CONTEXT
+
+    main, short, large = dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[1], dec.DECODE_TACTICS[-2]
+    seen = []
+    monkeypatch.setattr(dec, "launch_decode", lambda *a, **kw: seen.append((a[9], a[7])))
+    fn = dec.make_paged_attention(dec.combine_tactics(main, dec.PREFILL_TACTICS[0], large, short))
+    shapes = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu")
+    big = dec.LARGE_BATCH_ROWS // LLAMA_3_1_8B.num_kv_heads
+    for batch, bound in ((1, SHORT_CONTEXT), (1, SHORT_CONTEXT + 1), (big, SHORT_CONTEXT)):
+        args, kwargs = shapes.decode_batch(batch, 20, False)
+        fn(*args, max_query_len=1, **(kwargs | {"max_context_len": bound}))
+    assert seen == [(short.as_dict(), SHORT_CONTEXT), (main.as_dict(), SHORT_CONTEXT + 1),
+                    (large.as_dict(), SHORT_CONTEXT)]  # fmt: skip
+    seen.clear()
+    dec.make_paged_attention(dec.combine_tactics(main, dec.PREFILL_TACTICS[0]))(
+        *args, max_query_len=1, **(kwargs | {"max_context_len": 64})
+    )
+    assert seen == [(main.as_dict(), 64)]
+
+
+def test_the_build_times_a_short_context_decode_tactic_under_its_bound(monkeypatch):
+    """Engines whose contexts may pass SHORT_CONTEXT time the decode tactics at 256 keys with
+    SHORT_CONTEXT as the launch's bound and keep the fastest as the short-context tactic;
+    engines whose contexts all fit it do not (their decode tactic is timed there)."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+    from ingot.plugins.attention.layout import SHORT_CONTEXT
+
+    bounds, fastest = [], dec.DECODE_TACTICS[3]
+
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None):
+        if factory is make_decode_attention and len(cands) == len(dec.DECODE_TACTICS):
+            monkeypatch.setattr(tactic_select._Shapes, "_paged", lambda *a: ((), {}))
+            bound = inputs()[1].get("max_context_len")
+            bounds.append(bound)
+            if bound == SHORT_CONTEXT:  # the short tier's timing: `fastest` wins there
+                return sorted(((c, 0.5 if c is fastest else 1.0) for c in cands),
+                              key=lambda r: r[1])  # fmt: skip
+        return [(c, 1.0 + i) for i, c in enumerate(cands)]
+
+    monkeypatch.setattr(tactics, "time_tactics", fake_time)
+    skip = frozenset(s.name for s in all_specs() if s.name != "paged_attention")
+    for max_seq_len, short in ((4096, True), (SHORT_CONTEXT, False)):
+        bounds.clear()
+        build = BuildConfig(max_batch_size=4, max_seq_len=max_seq_len, max_num_tokens=512,
+                            tokens_per_block=32)  # fmt: skip
+        (choice,) = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
+        assert bounds == [max_seq_len] * 2 + ([SHORT_CONTEXT] if short else []), bounds
+        assert choice.tactic.endswith(f"+short:{fastest.name}") == short, choice.tactic
+        assert (f"{fastest.name}@short{SHORT_CONTEXT}" in choice.timings_ms) == short
+
+
 def _fake_timer(fn, repeats, before=None):
     fn()
     return 1.0
@@ -211,7 +267,7 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
     skip = frozenset(s.name for s in all_specs() if s.name != "paged_attention")
     (choice,) = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip, kv_fp8=True)
     assert (128, None, 1024) in shapes_seen and (512, 448, 2048) in shapes_seen
-    assert choice.tactic.endswith(f"+large:{t8192.name}")
+    assert f"+large:{t8192.name}" in choice.tactic
     assert f"{t4096.name}@b512r448_ctx2048" in choice.timings_ms
 
 

@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import torch
 
+# Decode launches bounded by at most SHORT_CONTEXT keys run a tactic's short-context decode
+# tactic (triton_decode.py), and the decode graphs of small batches are captured at this bound
+# too (runtime/cuda_graphs.py): here, where both read it without Triton.
+SHORT_CONTEXT = 512
+
 TRANSPOSE_V_DTYPES = (torch.float8_e4m3fn,)
 
 

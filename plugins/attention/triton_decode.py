@@ -41,7 +41,7 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
-from .layout import check_kv_layout
+from .layout import SHORT_CONTEXT, check_kv_layout
 from .reference import check_new_v, decode_rows
 from .triton_prefill import (
     LOG2E,
@@ -619,15 +619,28 @@ def launch_decode(
     )
 
 
-def combine_tactics(decode: Tactic, prefill: Tactic, large: Tactic | None = None) -> Tactic:
+# Decode launches bounded by at most SHORT_CONTEXT keys (`max_context_len`; layout.py) run a
+# tactic's short-context decode tactic when it has one: the build times the decode tactics at
+# 256 keys under this bound (a smaller split grid), and the decode graphs of small batches are
+# captured at it too (runtime/cuda_graphs.py). Why: the tactic fastest over 256 and 2,048 keys
+# ran 6.66 us a layer at 256 where another ran 6.12 (H200, BF16 Llama-3.1-8B, 2026-12-05).
+
+
+def combine_tactics(
+    decode: Tactic, prefill: Tactic, large: Tactic | None = None, short: Tactic | None = None
+) -> Tactic:
     """One paged_attention tactic from a decode tactic, a prefill tactic and optionally a
-    decode tactic for large batches (LARGE_BATCH_ROWS; without one `decode` serves all)."""
+    decode tactic for large batches (LARGE_BATCH_ROWS; without one `decode` serves all) and
+    one for short contexts (SHORT_CONTEXT; without one `decode` serves them)."""
     params = tuple(("dec_" + k, v) for k, v in decode.params)
     params += tuple(("pf_" + k, v) for k, v in prefill.params)
     name = f"{decode.name}+{prefill.name}"
     if large is not None:
         params += tuple(("decl_" + k, v) for k, v in large.params)
         name += f"+large:{large.name}"
+    if short is not None:
+        params += tuple(("decs_" + k, v) for k, v in short.params)
+        name += f"+short:{short.name}"
     return Tactic(name, params)
 
 
@@ -638,13 +651,15 @@ PAGED_ATTENTION_TACTICS: tuple[Tactic, ...] = tuple(
 )
 
 
-def _split_params(tactic: Tactic | None) -> tuple[dict, dict, dict]:
-    """(decode, large-batch decode, prefill) params of a paged_attention tactic."""
+def _split_params(tactic: Tactic | None) -> tuple[dict, dict, dict, dict]:
+    """(decode, large-batch decode, prefill, short-context decode) params of a paged_attention
+    tactic."""
     p = tactic.as_dict() if tactic is not None else {}
     dec = {k[4:]: v for k, v in p.items() if k.startswith("dec_")} or DECODE_TACTICS[0].as_dict()
     large = {k[5:]: v for k, v in p.items() if k.startswith("decl_")} or dec
     pf = {k[3:]: v for k, v in p.items() if k.startswith("pf_")} or PREFILL_TACTICS[0].as_dict()
-    return dec, large, pf
+    short = {k[5:]: v for k, v in p.items() if k.startswith("decs_")} or dec
+    return dec, large, pf, short
 
 
 def make_decode_attention(tactic: Tactic | None = None):
@@ -691,11 +706,13 @@ def make_decode_attention(tactic: Tactic | None = None):
 
 
 def make_paged_attention(tactic: Tactic | None = None):
-    dec_params, large_params, pf_params = _split_params(tactic)
+    dec_params, large_params, pf_params, short_params = _split_params(tactic)
 
-    def decode_params(rows: int) -> dict:
-        """The decode tactic for `rows` = sequences x kv heads."""
-        return large_params if rows >= LARGE_BATCH_ROWS else dec_params
+    def decode_params(rows: int, bound: int) -> dict:
+        """The decode tactic for `rows` = sequences x kv heads under a context bound."""
+        if rows >= LARGE_BATCH_ROWS:
+            return large_params
+        return short_params if bound <= SHORT_CONTEXT else dec_params
 
     def paged_attention(
         q: torch.Tensor,
@@ -744,10 +761,10 @@ def make_paged_attention(tactic: Tactic | None = None):
         if new_v is not None:
             check_new_v(new_v, nd)
         if nd == B:
+            bound = int(max_context_len or table_len)
             launch_decode(
-                q, k_cache, v_cache, block_tables, context_lens, scale, window,
-                int(max_context_len or table_len), out, decode_params(B * hkv), k_scale, v_scale,
-                out_scale=out_scale, new_v=new_v,
+                q, k_cache, v_cache, block_tables, context_lens, scale, window, bound, out,
+                decode_params(B * hkv, bound), k_scale, v_scale, out_scale=out_scale, new_v=new_v,
             )  # fmt: skip
             return out
         # the prefill kernel gives each sequence whole BLOCK_M-query tiles: the trailing
@@ -761,7 +778,8 @@ def make_paged_attention(tactic: Tactic | None = None):
             # NOTE: split as the decode graphs do (the table's width): the same binaries
             launch_decode(
                 q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
-                table_len, out[T - nd :], decode_params(nd * hkv), k_scale, v_scale, seq0=B - nd,
+                table_len, out[T - nd :], decode_params(nd * hkv, table_len), k_scale, v_scale,
+                seq0=B - nd,
                 out_scale=out_scale, new_v=new_v,
             )  # fmt: skip
         return out
