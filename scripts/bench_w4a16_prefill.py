@@ -1,5 +1,6 @@
 """W4A16 (INT4 AWQ, group 128) GEMM path at prefill sizes on the Llama-3.1-8B layer shapes: the
-best GEMM tactic's median time per site at T = 128 and 2,048 rows (L2 flushed between calls).
+best GEMM tactic's median time per site at T = 128 and 2,048 rows (L2 flushed between calls),
+every tactic's under `all_ms` (the Triton GEMMs and the dequantize-then-cuBLAS one).
 
     python3 scripts/bench_w4a16_prefill.py --out bench_w4a16_prefill.json
 """
@@ -32,7 +33,8 @@ def main() -> None:
             pqs = (torch.rand(K, device=DEV) + 0.5).to(BF16)
             t = time_tactics("w4a16_gemm", tactics, fixed((x, w, s, pqs, GROUP), {}), args.reps,
                              factory=tw.make_w4a16_linear)  # fmt: skip
-            best[f"{name}_T{T}"] = {"tactic": t[0][0].name, "ms": t[0][1]}
+            best[f"{name}_T{T}"] = {"tactic": t[0][0].name, "ms": t[0][1],
+                                    "all_ms": {c.name: ms for c, ms in t}}  # fmt: skip
             print(f"{name:8s} T={T:5d} {t[0][0].name:45s} {t[0][1] * 1e3:8.1f} us", flush=True)
     args.out.write_text(
         json.dumps({"device": torch.cuda.get_device_name(), "best": best}, indent=1)

@@ -314,6 +314,33 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     assert "griddepcontrol.wait" in ptx and "sub.rn.bf16x2" in ptx
 
 
+def test_w4a16_dequant_gemm_launches_one_expansion_that_assembles_for_sm90(tmp_path):
+    """The dequantize-then-cuBLAS GEMM tactic at a prefill's rows, as the AOT dry run sees it:
+    one Triton launch (the weight's expansion; the GEMM is cuBLAS's), which compiles for
+    sm_90, so an INT4 engine whose build picks it bundles it."""
+    from triton.compiler import make_backend
+
+    from ingot.compiler.kernel_bundle import recorded_launches
+    from ingot.plugins import aot
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    N, K = 28672, 4096
+    x = torch.empty(512, K, dtype=torch.bfloat16, device="meta")
+    qweight = torch.empty(N, K // 8, dtype=torch.int32, device="meta")
+    scales = torch.empty(N, K // 128, dtype=torch.bfloat16, device="meta")
+    pqs = torch.empty(K, dtype=torch.bfloat16, device="meta")
+    fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[0], tw.DEQUANT_GEMM))
+    with recorded_launches() as specs:
+        out = fn(x, qweight, scales, pqs, 128)
+    assert out.shape == (512, N)
+    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4_dequant_kernel"]
+    target = aot.parse_target("sm_90")
+    _, src, options = aot._replay(specs[0], make_backend(target))
+    with aot.use_cache_dir(tmp_path):
+        kernel = triton.compile(src, target=target, options=options.__dict__)
+    assert kernel.asm["cubin"]
+
+
 def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():
     """w4a16_gemm(gated=True) as the AOT dry run sees it: up to the tactic's max_m rows one
     GEMV launch applying SwiGLU as it loads [gate | up]; past them the SwiGLU kernel, then the

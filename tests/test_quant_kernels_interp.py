@@ -23,6 +23,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 else:
     import torch
+    import triton
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
     from kernel_checks import (
         fp8_hard_values,
@@ -171,6 +172,11 @@ else:
         def __init__(self, kernel, calls: list) -> None:
             self.kernel, self.calls = kernel, calls
 
+        @staticmethod
+        def calls_of(fn, calls: list):
+            """fn, its calls' positional arguments appended to `calls`."""
+            return lambda *a, **kw: calls.append(a) or fn(*a, **kw)
+
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 self.calls.append(kw)
@@ -243,6 +249,34 @@ else:
                 model = w4a16_packed_model(x, qweight, scales, p, b)
                 assert rel_err(out, model) < 1e-6, (T, K, prm)
                 assert rel_err(model, ref.float()) > 1e-4  # the model is not the reference
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+    def test_w4a16_dequant_gemm_expands_the_weight_then_multiplies(dtype, monkeypatch):
+        """The dequantize-then-cuBLAS GEMM tactic: the expanded weight is the reference's
+        dequantized one in x's dtype, bit for bit (rows past a BLOCK_N multiple, 2 blocks a
+        group), and the output is x (scaled by pre_quant_scale) times it, within 1e-2 of
+        the reference, with and without bias; decode-sized x keeps the GEMV."""
+        torch.manual_seed(8)
+        K, N, gs = 512, 37, 256
+        codes = torch.randint(0, 16, (N, K))
+        qweight = qref.pack_w4_engine(codes)
+        scales = (torch.rand(N, K // gs) * 0.02 + 0.005).to(dtype)
+        w = torch.empty(N, K, dtype=dtype)
+        tw._w4_dequant_kernel[(triton.cdiv(N, 16), K // 128)](
+            qweight, scales, w, N, K // 128, BLOCKS_PER_GROUP=gs // 128, BLOCK_N=16
+        )
+        assert torch.equal(w, qref.dequantize_w4(qweight, scales, gs).to(dtype))
+        expanded = []
+        monkeypatch.setattr(tw, "_dequant_matmul", _Spy.calls_of(tw._dequant_matmul, expanded))
+        fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[1], tw.DEQUANT_GEMM))
+        p = (torch.rand(K) + 0.5).to(dtype)
+        for T, bias in ((5, None), (9, torch.randn(N).to(dtype))):
+            x = torch.randn(T, K).to(dtype)
+            ref = qref.w4a16_linear(x, qweight, scales, p, gs, None, bias)
+            assert rel_err(fn(x, qweight, scales, p, gs, None, bias), ref) < 1e-2, T
+        assert len(expanded) == 2
+        fn(torch.randn(1, K).to(dtype), qweight, scales, p, gs)  # batch 1: the GEMV
+        assert len(expanded) == 2
 
     @pytest.mark.parametrize("packed", [False, True])
     def test_w4a16_pdl_gemv_loads_its_first_chunk_before_the_wait(packed, monkeypatch):

@@ -93,12 +93,21 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(8, 32, 4, 1, 1, packed=True),
     _dec(4, 32, 4, 1, 2, packed=True),
 )
+# the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel
+# (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`)
+DEQUANT_GEMM = Tactic(
+    "mm_dequant_n32", (("dequant", 1), ("block_n", 32), ("block_k", 128), ("num_warps", 4))
+)
+# NOTE: on the H200 the Triton GEMMs ran 81-267 us a site at 128 rows and 418-2,793 at 2,048
+# (docs/bench/bench-w4a16-prefill-2026-12-05.json), where cuBLAS at those shapes in BF16 takes
+# a fraction and the expansion reads 0.5 and writes 2 bytes a weight; the build times them all
 GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interleaved blocks)
     _mm(64, 128, 128, 4, 3),
     _mm(128, 128, 128, 8, 3),
     _mm(32, 64, 128, 4, 3),
     _mm(128, 256, 128, 8, 3),
     _mm(16, 64, 128, 4, 4),
+    DEQUANT_GEMM,
 )
 
 
@@ -462,6 +471,43 @@ def _w4a16_gemv_kernel(
 
 
 @triton.jit
+def _w4_dequant_kernel(qw_ptr, s_ptr, out_ptr, N, KB, BLOCKS_PER_GROUP: tl.constexpr,
+                       BLOCK_N: tl.constexpr):  # fmt: skip
+    """out[n, 128 b + k] = (u[n, 128 b + k] - 8) * scales[n, b // BLOCKS_PER_GROUP] in out's
+    dtype, for this program's BLOCK_N rows and block b (the engine's interleaved words put
+    back in k order), as `reference.dequantize_w4` then a cast."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = tl.program_id(1)
+    nm = rn < N
+    rn_c = tl.where(nm, rn, 0).to(tl.int64)
+    words = tl.load(qw_ptr + rn_c[:, None] * (KB * 16) + b * 16 + tl.arange(0, 16)[None, :])
+    codes = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BN, c, j]
+    codes = tl.reshape(tl.permute(codes, (0, 2, 1)), [BLOCK_N, 128])  # k = 16 j + c
+    sc = tl.load(s_ptr + rn_c * (KB // BLOCKS_PER_GROUP) + b // BLOCKS_PER_GROUP)
+    w = (codes - 8).to(tl.float32) * sc.to(tl.float32)[:, None]
+    ptrs = out_ptr + rn_c[:, None] * (KB * 128) + b * 128 + tl.arange(0, 128)[None, :]
+    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=nm[:, None])
+
+
+def _dequant_matmul(x, qweight, scales, pqs, group_size, bias, out, params):
+    """The DEQUANT_GEMM tactic: the weight expanded to x's dtype (a transient [N, K] buffer),
+    x scaled by pre_quant_scale (rounded in x's dtype, as the reference), one cuBLAS GEMM
+    (fp32 x: IEEE, TF32 off, as the GEMM plugin's fp32 path) into out."""
+    from ..gemm.cuda import _cublas
+
+    N, K = qweight.shape[0], x.shape[1]
+    w = torch.empty((N, K), dtype=x.dtype, device=x.device)
+    bn = int(params.get("block_n", 32))
+    _w4_dequant_kernel[(triton.cdiv(N, bn), K // W4_BLOCK)](
+        qweight, scales, w, N, K // W4_BLOCK, BLOCKS_PER_GROUP=group_size // W4_BLOCK,
+        BLOCK_N=bn, num_warps=int(params.get("num_warps", 4)), num_stages=1,
+    )  # fmt: skip
+    if pqs is not None:
+        x = x * pqs.to(x.dtype)
+    return _cublas(x, w, bias, out)
+
+
+@triton.jit
 def _w4a16_mm_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, K, sxm, som, magic,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr,
@@ -567,6 +613,8 @@ def launch_w4a16(
             BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
             **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}),
         )  # fmt: skip
+    elif params.get("dequant"):
+        return _dequant_matmul(x, qweight, scales, pqs, group_size, bias, out, params)
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
         _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
