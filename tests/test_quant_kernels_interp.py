@@ -255,7 +255,8 @@ else:
         """The dequantize-then-cuBLAS GEMM tactic: the expanded weight is the reference's
         dequantized one in x's dtype, bit for bit (rows past a BLOCK_N multiple, 2 blocks a
         group), and the output is x (scaled by pre_quant_scale) times it, within 1e-2 of
-        the reference, with and without bias; decode-sized x keeps the GEMV."""
+        the reference, with and without bias, from its min_rows rows; fewer rows take the
+        first Triton GEMM tactic, decode-sized x the GEMV."""
         torch.manual_seed(8)
         K, N, gs = 512, 37, 256
         codes = torch.randint(0, 16, (N, K))
@@ -270,12 +271,17 @@ else:
         monkeypatch.setattr(tw, "_dequant_matmul", _Spy.calls_of(tw._dequant_matmul, expanded))
         fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[1], tw.DEQUANT_GEMM))
         p = (torch.rand(K) + 0.5).to(dtype)
-        for T, bias in ((5, None), (9, torch.randn(N).to(dtype))):
+        rows = tw.DEQUANT_GEMM.as_dict()["min_rows"]
+        for T, bias in ((rows, None), (rows + 3, torch.randn(N).to(dtype))):
             x = torch.randn(T, K).to(dtype)
             ref = qref.w4a16_linear(x, qweight, scales, p, gs, None, bias)
             assert rel_err(fn(x, qweight, scales, p, gs, None, bias), ref) < 1e-2, T
         assert len(expanded) == 2
-        fn(torch.randn(1, K).to(dtype), qweight, scales, p, gs)  # batch 1: the GEMV
+        # fewer rows: the first Triton GEMM tactic; batch 1: the GEMV
+        for T in (rows - 1, 1):
+            x = torch.randn(T, K).to(dtype)
+            ref = qref.w4a16_linear(x, qweight, scales, p, gs)
+            assert rel_err(fn(x, qweight, scales, p, gs), ref) < 1e-2, T
         assert len(expanded) == 2
 
     @pytest.mark.parametrize("packed", [False, True])

@@ -94,9 +94,13 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(4, 32, 4, 1, 2, packed=True),
 )
 # the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel
-# (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`)
+# (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`). From
+# min_rows rows of x only: the expansion moves 4.5 bytes a weight (read 0.5, write 2, the GEMM
+# reads 2) against the Triton GEMM's 0.5, which a small batch's GEMM does not pay back; fewer
+# rows (decode batches past the GEMV's max_m) run the first Triton GEMM tactic
 DEQUANT_GEMM = Tactic(
-    "mm_dequant_n32", (("dequant", 1), ("block_n", 32), ("block_k", 128), ("num_warps", 4))
+    "mm_dequant_n32",
+    (("dequant", 1), ("min_rows", 128), ("block_n", 32), ("block_k", 128), ("num_warps", 4)),
 )
 # NOTE: on the H200 the Triton GEMMs ran 81-267 us a site at 128 rows and 418-2,793 at 2,048
 # (docs/bench/bench-w4a16-prefill-2026-12-05.json), where cuBLAS at those shapes in BF16 takes
@@ -599,6 +603,10 @@ def launch_w4a16(
     if T == 0 or N == 0:
         return out
     pqs = pre_quant_scale
+    if not decode and params.get("dequant"):
+        if T >= int(params.get("min_rows", 0)):
+            return _dequant_matmul(x, qweight, scales, pqs, group_size, bias, out, params)
+        params = GEMM_TACTICS[0].as_dict()  # too few rows to pay for the expansion
     common = dict(HAS_PQS=pqs is not None, HAS_BIAS=bias is not None,
                   num_warps=int(params.get("num_warps", 4)), num_stages=1, **launch_options())  # fmt: skip
     args = (x, qweight, scales, pqs if pqs is not None else scales,
@@ -613,8 +621,6 @@ def launch_w4a16(
             BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
             **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}),
         )  # fmt: skip
-    elif params.get("dequant"):
-        return _dequant_matmul(x, qweight, scales, pqs, group_size, bias, out, params)
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
         _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
