@@ -222,15 +222,29 @@ def fusable(x, weight, bias, num_heads, num_kv_heads, params, norm=None, out_dty
     )
 
 
+def rope_output(
+    x, rows: int, num_heads, num_kv_heads, cos, sin, k_cache, v_cache, dtype, name: str
+) -> tuple[torch.Tensor, int, tuple]:
+    """What a QKV-RoPE kernel's launch needs beside its GEMV's: (q [T, Hq, hd] to write, hd,
+    the epilogue's strides and head counts in the kernels' order: q's token and head, cos's
+    row, the K cache's block, token and head, the V cache's four); checks cos / sin and the
+    caches' layout. rows: the projection's output rows, (Hq + 2 Hkv) hd."""
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"{name}: cos/sin must be contiguous rows of the same layout")
+    check_kv_layout(k_cache, v_cache, name)
+    hd = rows // (num_heads + 2 * num_kv_heads)
+    q = torch.empty((x.shape[0], num_heads, hd), dtype=dtype, device=x.device)
+    strides = (q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3], *v_cache.stride(),
+               num_heads, num_kv_heads)  # fmt: skip
+    return q, hd, strides
+
+
 def _launch(x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
             num_kv_heads, params, k_scale, v_scale, norm, scales=None, out_dtype=None):  # fmt: skip
     """The fused kernel (`fusable` holds). scales: FP8 weights' (input scale, weight scale)."""
     T = x.shape[0]
-    hd = weight.shape[0] // (num_heads + 2 * num_kv_heads)
-    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
-        raise ValueError("qkv_rope: cos/sin must be contiguous rows of the same layout")
-    check_kv_layout(k_cache, v_cache, "qkv_rope")
-    q = torch.empty((T, num_heads, hd), dtype=out_dtype or x.dtype, device=x.device)
+    q, hd, strides = rope_output(x, weight.shape[0], num_heads, num_kv_heads, cos, sin, k_cache,
+                                 v_cache, out_dtype or x.dtype, "qkv_rope")  # fmt: skip
     if T == 0:
         return q
     vec = 16 // weight.element_size()
@@ -242,11 +256,7 @@ def _launch(x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping
         x, weight, bias if bias is not None else weight, positions, cos, sin, q,
         k_cache, v_cache, slot_mapping,
         k_scale if fp8 else None, v_scale if fp8 else None, sx, sw,
-        T, weight.shape[1] // vec, x.stride(0) // vec, weight.stride(0) // vec,
-        q.stride(0), q.stride(1), cos.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        *v_cache.stride(),
-        num_heads, num_kv_heads,
+        T, weight.shape[1] // vec, x.stride(0) // vec, weight.stride(0) // vec, *strides,
         HALF=hd // 2,
         BS=k_cache.shape[1],
         HAS_BIAS=bias is not None,

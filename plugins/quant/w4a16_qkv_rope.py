@@ -13,10 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.layout import check_kv_layout
 from ..gemm.cuda import norm_args
 from ..gemm.fused_norm import NormIn
-from ..gemm.qkv_rope import rope_epilogue, rope_inputs, rope_pair_rows
+from ..gemm.qkv_rope import rope_epilogue, rope_inputs, rope_output, rope_pair_rows
 from ..gemm.reference import unfused_qkv_rope
 from ..pdl import launch_options
 from ..registry import Tactic
@@ -119,12 +118,9 @@ def make_w4a16_qkv_rope_linear(tactic: Tactic | None = None):
                 linear, rope_write_kv, x, qweight, bias, positions, cos, sin, k_cache, v_cache,
                 slot_mapping, num_heads, num_kv_heads, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
-        if cos.stride(-1) != 1 or sin.stride() != cos.stride():
-            raise ValueError("w4a16_qkv_rope: cos/sin must be contiguous rows of the same layout")
-        check_kv_layout(k_cache, v_cache, "w4a16_qkv_rope")
         T, N, kb = x.shape[0], qweight.shape[0], x.shape[1] // W4_BLOCK
-        hd = N // (num_heads + 2 * num_kv_heads)
-        q = torch.empty((T, num_heads, hd), dtype=x.dtype, device=x.device)
+        q, hd, strides = rope_output(x, N, num_heads, num_kv_heads, cos, sin, k_cache, v_cache,
+                                     x.dtype, "w4a16_qkv_rope")  # fmt: skip
         bn, bg = int(dec["block_n"]), int(dec["block_g"])
         packed = bool(dec.get("packed", 0)) and x.dtype == torch.bfloat16
         fp8 = k_scale is not None and v_scale is not None
@@ -133,10 +129,7 @@ def make_w4a16_qkv_rope_linear(tactic: Tactic | None = None):
             x, qweight, scales, pqs if pqs is not None else scales,
             bias if bias is not None else scales, positions, cos, sin, q, k_cache, v_cache,
             slot_mapping, k_scale if fp8 else None, v_scale if fp8 else None,
-            T, N, kb, x.stride(0), tw._MAGIC, tw._MAGIC_BF16X2, tw._C136_BF16X2,
-            q.stride(0), q.stride(1), cos.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
-            num_heads, num_kv_heads,
+            T, N, kb, x.stride(0), tw._MAGIC, tw._MAGIC_BF16X2, tw._C136_BF16X2, *strides,
             HALF=hd // 2, BS=k_cache.shape[1], KV_FP8=fp8, HAS_PQS=pqs is not None,
             HAS_BIAS=bias is not None, BLOCKS_PER_GROUP=group_size // W4_BLOCK,
             BLOCK_M=triton.next_power_of_2(T), BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0,
