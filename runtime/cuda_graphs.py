@@ -133,8 +133,6 @@ class DecodeGraphs:
         self._tables_at, self._width = d[4].storage_offset(), w
         self.qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
-        self.logits: dict[int, torch.Tensor] = {}
-        self.greedy: dict[int, torch.Tensor] = {}
         self._capture_all()
 
     def _use_stage(self, i: int) -> None:
@@ -165,9 +163,8 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         self._pad_rows(0)
         self.dev.copy_(self.host)
-        self.graphs, outputs = capture_graphs(self.buckets, self._run)
-        for b, (logits, greedy) in outputs.items():
-            self.logits[b], self.greedy[b] = logits, greedy
+        # each bucket's graph writes (logits, argmax) into its outputs
+        self.graphs, self.outputs = capture_graphs(self.buckets, self._run)
         self.short_graphs, self.short_outputs = {}, {}
         if self.short_buckets:
             self.short_graphs, self.short_outputs = capture_graphs(
@@ -198,12 +195,12 @@ class DecodeGraphs:
         self._copied[i] = recorded_event(self.dev.device)
         if ids is not None:
             self.ids[:b].copy_(ids)
+        graphs, outputs = self.graphs, self.outputs
         if bucket in self.short_graphs and int(np.max(plan.context_lens)) <= self.short_context:
-            self.short_graphs[bucket].replay()
-            logits, greedy = self.short_outputs[bucket]
-            return logits[:b], greedy[:b]
-        self.graphs[bucket].replay()
-        return self.logits[bucket][:b], self.greedy[bucket][:b]
+            graphs, outputs = self.short_graphs, self.short_outputs
+        graphs[bucket].replay()
+        logits, greedy = outputs[bucket]
+        return logits[:b], greedy[:b]
 
 
 # Prefill graphs: powers of two up to SMALL_PREFILL (launch-bound prompts: padding is cheap
