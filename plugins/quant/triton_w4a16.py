@@ -5,7 +5,7 @@ v2); same contract as `reference.w4a16_linear`, reading the engine layout (docs/
       k = 16j + c in nibble j (low first); scales [N, K/G] in the model dtype;
   pre_quant_scale [K] (AWQ's activation scale) or None.
 
-Two kernels, chosen by the number of rows T of x:
+Chosen by the number of rows T of x and the tactic:
 
 * GEMV (T <= the tactic's `max_m`: decode): a weight stream, laid out as the BF16 GEMV's
   (plugins/gemm/cuda.py): each program owns BLOCK_N weight rows and walks K in chunks of
@@ -18,9 +18,9 @@ Two kernels, chosen by the number of rows T of x:
   FFMA), which matters: at 4 bits a weight, a bandwidth-bound GEMV on the H200 leaves ~3.5
   issue slots per weight (sm_90 SASS: ~5.8-6.8 per weight in all, with address arithmetic and
   the final reduction). The block's scale multiplies each word's sum.
-* packed GEMV (tactics named `..._p`, bf16 x only): the same layout in bf16x2 arithmetic with
-  inline PTX (`_packed_quad`): two codes a LOP3 and a subtraction, two products a
-  multiply-add, each half word's 4 products summed in bf16 and the rest in fp32, one scale
+* packed GEMV (the same kernel, PACKED; tactics named `..._p`, bf16 x only): in bf16x2
+  arithmetic with inline PTX (`_packed_quad`): two codes a LOP3 and a subtraction, two
+  products a multiply-add, each half word's 4 products summed in bf16 and the rest in fp32, one scale
   per thread's 4 words. Its K loop is 2.9 sm_90 instructions per weight against 4.4
   (`scripts/sass_w4a16.py`); the build times both kinds.
 * GEMM (larger T): tiles of BLOCK_M rows; each K chunk is unpacked, put back in k order,
@@ -30,6 +30,8 @@ Two kernels, chosen by the number of rows T of x:
   reordering the weights was 3-6x slower still, and x put in word order by a copy before the
   kernel (no reorder inside) 5-15% slower: the reorder is not the cost; v2's 64-byte row
   segments per 128-k chunk are the suspect (docs/performance.md, 2026-12-04 16:20).
+* dequantize, then cuBLAS (`DEQUANT_GEMM`, from its min_rows rows): the weight expanded to
+  the model dtype into a transient buffer by `_w4_dequant_kernel`, then one cuBLAS GEMM.
 
 The activation is scaled by pre_quant_scale in the model dtype (rounded once, as the
 reference does) when it is loaded. `gated=True` (the MLP's down projection) passes [gate | up]:
