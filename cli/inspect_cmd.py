@@ -68,7 +68,7 @@ def inspect_engine_cmd(
             + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
             + ")"
         )
-    typer.echo("plugins")
+    typer.echo(f"plugins       {_tactics_origin(cfg)}")
     for p in cfg.plugins:
         label = f"{p.name}@{p.site}" if p.site else p.name
         timed = f"  ({min(p.timings_ms.values()):.4f} ms)" if p.timings_ms else ""
@@ -81,6 +81,18 @@ def inspect_engine_cmd(
         else:
             what = f"{extra.get('kernels', '?')} kernels, Triton {extra.get('triton_version', '?')}"
         typer.echo(f"{name:<14}{size / 2**20:.1f} MiB, {what}, sha256 {digest[:16]}… verified")
+
+
+def _tactics_origin(cfg) -> str:
+    """Where the engine's tactics come from: the GPU that timed them, or the default table."""
+    from ingot.runtime.engine import TACTICS_TIMED_ON
+
+    timed_on = (cfg.extra or {}).get(TACTICS_TIMED_ON)
+    if timed_on:
+        return f"tactics timed on {timed_on}"
+    if any(p.timings_ms for p in cfg.plugins):  # built before the GPU's name was recorded
+        return "tactics timed on the target GPU"
+    return "tactics from the default table (not timed on a GPU)"
 
 
 def _quant_detail(q) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
-from ingot.runtime.errors import IngotError
+from ingot.runtime.errors import IngotError, IngotWarning
 from ingot.runtime.version import INGOT_VERSION
 
 
@@ -69,11 +70,30 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _one_line_warnings() -> None:
+    """IngotWarning as one `warning:` line on stderr; other warnings as Python shows them."""
+    shown = warnings.showwarning
+    if getattr(shown, "ingot", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, IngotWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.ingot = True
+    warnings.showwarning = show
+    warnings.simplefilter("always", IngotWarning)  # each time, not once per code location
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback)."""
+    """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback);
+    IngotWarning into one `warning:` line."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _one_line_warnings()
         try:
             return fn(*args, **kwargs)
         except IngotError as e:

@@ -26,7 +26,13 @@ from ingot.plugins.quant import GEMM_PLUGIN_OF_MODE, unused_plugins
 from ingot.plugins.rope.reference import cos_sin_cache, inv_freq
 from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig, pdl_capable
 from ingot.runtime.distributed import local_model_config
-from ingot.runtime.engine import EngineConfig, PluginChoice, rank_file_name, write_engine_config
+from ingot.runtime.engine import (
+    TACTICS_TIMED_ON,
+    EngineConfig,
+    PluginChoice,
+    rank_file_name,
+    write_engine_config,
+)
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.timing import Lap
@@ -337,6 +343,8 @@ def build_engine(
                         build.target, shapes_model, build, progress, tactics, meta["quant"]
                     )
                     laps("tactics")
+                    if tactics == "auto" and can_time_on(build.target):
+                        extra[TACTICS_TIMED_ON] = torch.cuda.get_device_name()
                     if target_kind(build.target) == "cuda":
                         extra.update(
                             write_kernels(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -218,8 +219,11 @@ def _follower_main(
         if device.type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         from .engine import load_engine
+        from .errors import IngotWarning
         from .executor import Executor
 
+        # rank 0 has said it once (one host: one GPU model)
+        warnings.simplefilter("ignore", IngotWarning)
         engine = load_engine(Path(engine_dir), device, rank=rank)
         conn.send(("ready", rank))
         comm = init_comm(rank, world, port, device, timeouts.collective_s)

@@ -8,6 +8,7 @@ rank file. The compiler writes it through `write_engine_config`; the runtime rea
 from __future__ import annotations
 
 import json
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,15 @@ from ingot.plugins import get_spec
 
 from .config import BuildConfig, ModelConfig, QuantConfig
 from .engine_format import EngineFile
-from .errors import EngineError
+from .errors import EngineError, IngotWarning
 from .integrity import CHUNK_BYTES, chunks_match, sha256_file
 from .version import CHECKPOINT_FORMAT, ENGINE_FORMAT_VERSION, INGOT_VERSION
 
 ENGINE_FORMAT = "ingot-engine"
 REBUILD = "rebuild it with `ingot build-engine`"
+# extra's key for the name of the GPU that timed the engine's tactics (absent: cross-built
+# from the default tactic table, or built before it was recorded)
+TACTICS_TIMED_ON = "tactics_timed_on"
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,23 @@ def check_target(cfg: EngineConfig, device: torch.device) -> None:
         raise EngineError(
             f"engine was built for {target} but this GPU is {here}",
             "rebuild with `ingot build-engine --target auto` on this GPU",
+        )
+    warn_if_tuned_elsewhere(cfg, torch.cuda.get_device_name(device))
+
+
+def warn_if_tuned_elsewhere(cfg: EngineConfig, gpu_name: str) -> None:
+    """Warn (IngotWarning) when the engine's tactics were timed on another GPU model of the
+    same SM: it runs, but its kernels were picked for that GPU (e.g. the H100 and the H200
+    differ in bandwidth: the fastest tactics and PDL prefetch differed between them)."""
+    timed_on = (cfg.extra or {}).get(TACTICS_TIMED_ON)
+    if timed_on and timed_on != gpu_name:
+        warnings.warn(
+            IngotWarning(
+                f"engine tactics were timed on {timed_on}, this GPU is {gpu_name}: it runs, "
+                "but its kernels may not be the fastest here (rebuild with "
+                "`ingot build-engine --target auto` on this GPU)"
+            ),
+            stacklevel=2,
         )
 
 

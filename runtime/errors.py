@@ -17,6 +17,11 @@ class IngotError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
+class IngotWarning(UserWarning):
+    """Something the user should know that does not stop the work (e.g. an engine tuned on
+    another GPU model); the CLI prints it as one line starting with `warning:`."""
+
+
 class CheckpointError(IngotError):
     """A Hugging Face model dir or an ingot checkpoint dir is missing, malformed or unsupported."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,7 @@ def test_cross_build_for_gpu_uses_default_tactics(ckpt, tmp_path, flag, pdl):
     assert all(p["tactic"] and p["params"] is not None for p in d["plugins"])
     assert ("gemm", "attn.qkv") in by_site and ("gemm", "lm_head") in by_site
     assert all(p["timings_ms"] is None for p in d["plugins"])  # nothing was timed: no GPU here
+    assert "tactics_timed_on" not in d["extra"] and "default table" in r.output
     # built for a GPU, so refused on the CPU with a hint
     assert_one_line_error(
         invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
@@ -233,6 +236,48 @@ def test_gpu_engine_on_cpu_is_refused(engine, tmp_path):
         invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2"),
         "sm_90",
     )
+
+
+def test_engine_tuned_on_another_gpu_model_runs_with_a_one_line_warning(
+    engine, tmp_path, monkeypatch
+):
+    from ingot.runtime import engine as engine_mod
+
+    e = _copy(engine, tmp_path)
+    d = json.loads((e / "config.json").read_text())
+    _edit_config(e, extra=d["extra"] | {engine_mod.TACTICS_TIMED_ON: "NVIDIA H200"})
+    # NOTE: a CPU run has no GPU name to compare: check_target is given one
+    real = engine_mod.check_target
+    monkeypatch.setattr(
+        engine_mod,
+        "check_target",
+        lambda cfg, dev: (real(cfg, dev), engine_mod.warn_if_tuned_elsewhere(cfg, "NVIDIA H100")),
+    )
+    r = invoke("run-engine", "--engine-dir", e, "--input-text", "x", "--max-output-len", "2")
+    assert r.exit_code == 0, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: "), r.stderr
+    assert "NVIDIA H200" in err[0] and "NVIDIA H100" in err[0] and "--target auto" in err[0]
+    assert "Output:" in r.stdout
+    r = invoke("inspect-engine", e)
+    assert r.exit_code == 0 and "tactics timed on NVIDIA H200" in r.stdout, r.output
+
+
+def test_tuned_elsewhere_warns_only_for_another_gpu_model(engine):
+    from ingot.runtime.engine import TACTICS_TIMED_ON, read_engine_config, warn_if_tuned_elsewhere
+    from ingot.runtime.errors import IngotWarning
+
+    cfg = read_engine_config(engine)
+    assert TACTICS_TIMED_ON not in cfg.extra  # a CPU engine: nothing was timed on a GPU
+    timed = dataclasses.replace(cfg, extra=cfg.extra | {TACTICS_TIMED_ON: "NVIDIA H200"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails
+        warn_if_tuned_elsewhere(cfg, "NVIDIA H100")
+        warn_if_tuned_elsewhere(timed, "NVIDIA H200")
+    with pytest.warns(IngotWarning, match="timed on NVIDIA H200, this GPU is NVIDIA H100"):
+        warn_if_tuned_elsewhere(timed, "NVIDIA H100")
+    r = invoke("inspect-engine", engine)
+    assert "tactics from the default table" in r.stdout, r.output
 
 
 def test_prompt_too_long_fails_that_request_only(engine):

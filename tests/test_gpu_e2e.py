@@ -62,6 +62,8 @@ def test_timed_build_records_tactics_and_matches_cpu(tmp_path):
     for p in timed:
         fastest = min(p["timings_ms"], key=p["timings_ms"].get)
         assert p["tactic"] == fastest or "+" in p["tactic"]  # attention combines two winners
+    # the GPU that timed them, so another GPU model of the same SM gets a warning at load
+    assert cfg["extra"]["tactics_timed_on"] == torch.cuda.get_device_name()
     # whatever tactics won, a float32 engine still gives the CPU reference's tokens
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=5)
