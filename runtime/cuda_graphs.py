@@ -13,8 +13,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ingot.plugins.attention.layout import SHORT_CONTEXT
-
 from .kv_cache import KVCache
 from .memory import PREFILL_GRAPH_TOKENS
 from .model import AttnMetadata, Decoder, SampleRows
@@ -89,10 +87,17 @@ def capture_graphs(
     return graphs, outputs
 
 
-# Decode graphs of at most this many sequences are captured twice: at the engine's context
-# bound and at SHORT_CONTEXT, which steps whose contexts all fit run (their attention launches
-# a smaller split grid with the short-context decode tactic; plugins/attention/triton_decode.py)
+# With a short tier, decode graphs of at most this many sequences are captured twice: at the
+# engine's context bound and at SHORT_CONTEXT, which steps whose contexts all fit run (their
+# attention launches a smaller split grid with the short-context decode tactic;
+# plugins/attention/triton_decode.py)
 SHORT_TIER_MAX_BATCH = 8
+# The short tier's bound by default: None, off. On an H100 it cost 0.6% at batch 1 (190.2-190.5
+# tok/s without it, 189.1-189.2 with it, one process; docs/performance.md 2026-12-05 06:00)
+# though its attention launch timed faster; not yet measured on the H200 (the bench A/B's
+# `short_tier` variant). Builds still time its tactic and bundle its kernels, so turning it on
+# (SHORT_CONTEXT) needs no rebuild.
+SHORT_TIER: int | None = None
 
 
 class DecodeGraphs:
@@ -109,7 +114,7 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         max_context_len: int,
         device: torch.device,
-        short_context: int | None = SHORT_CONTEXT,
+        short_context: int | None = None,
     ) -> None:
         self.decoder, self.kv = decoder, kv
         self.buckets = batch_buckets(max_batch_size)

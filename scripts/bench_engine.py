@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ingot.cli.bench.roofline import decode_weight_bytes, measure_bandwidth
+from ingot.plugins.attention.layout import SHORT_CONTEXT
 
 LLAMA_8B = dict(
     hidden_size=4096,
@@ -191,8 +192,8 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
 # each; kernels a variant needs that the engine lacks compile at its first capture): the
 # engine as built (PDL on: the default); its PDL GEMVs loading one weight chunk before their
 # wait instead of up to four; its PDL kernels letting the next one be scheduled after their
-# wait instead of before; no PDL; no short-context tier of decode graphs (every step at the
-# engine's context bound with its decode tactic). Runs differ by a few % between calls, so a
+# wait instead of before; no PDL; the short-context tier of decode graphs on (off by default:
+# runtime/cuda_graphs.py SHORT_TIER). Runs differ by a few % between calls, so a
 # change worth less than that is measured here, not across calls. (The norms folded into
 # the GEMVs, `--fused-norms`, ran 237-240 tok/s against the engine's 255 in one process on
 # 2026-12-05; no longer alternated.)
@@ -201,7 +202,7 @@ AB_VARIANTS = {
     "prefetch_1": {"prefetch_bytes": 0},
     "trigger_after_wait": {"trigger": "after_wait"},
     "no_pdl": {"pdl": False},
-    "no_short_tier": {"short_context": None},
+    "short_tier": {"short_context": SHORT_CONTEXT},
 }
 
 
@@ -209,9 +210,8 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
     """decode_b1() (tok/s) of each AB_VARIANTS entry, args.ab_rounds times in turn; the
     executor is left as it was (its decode graphs recaptured for every batch bucket)."""
     from ingot.plugins import pdl
-    from ingot.plugins.attention.layout import SHORT_CONTEXT
     from ingot.plugins.gemm import cuda as gemm_cuda
-    from ingot.runtime.cuda_graphs import DecodeGraphs
+    from ingot.runtime import cuda_graphs as cg
 
     if not args.ab_rounds or ex.graphs is None:
         return {}
@@ -232,8 +232,8 @@ def decode_ab(ex, decode_b1, args) -> dict[str, list[float]]:
         gemm_cuda.PREFETCH_BYTES = changes.get("prefetch_bytes", saved["prefetch_bytes"])
         dec.ops.fused_norms = changes.get("fused_norms", saved["fused_norms"])
         dec.fold_rows = dec.norm_fold_rows(ex.config.quant)
-        short = changes.get("short_context", SHORT_CONTEXT)
-        ex.graphs = DecodeGraphs(dec, ex.kv, max_batch, width, b.max_seq_len, ex.device, short)
+        short = changes.get("short_context", cg.SHORT_TIER)
+        ex.graphs = cg.DecodeGraphs(dec, ex.kv, max_batch, width, b.max_seq_len, ex.device, short)
 
     out: dict[str, list[float]] = {k: [] for k in AB_VARIANTS}
     for _ in range(args.ab_rounds):
