@@ -101,13 +101,22 @@ def convert_checkpoint_cmd(
 
 
 def quant_summary(ckpt_dir: Path) -> str | None:
-    """One line on a quantized checkpoint's accuracy report (None when there is none)."""
+    """A line on a quantized checkpoint's accuracy report, then one on where the quantization's
+    time went (None when there is no report)."""
     import json
 
     rep = json.loads((Path(ckpt_dir) / "config.json").read_text()).get("quant_report")
     if not rep:
         return None
-    return (
+    line = (
         f"accuracy vs unquantized on {rep['held_out']['positions']} held-out tokens: "
         f"top-1 agreement {rep['top1_agreement']:.3f}, mean KL {rep['mean_kl']:.4g} nats"
     )
+    phases = rep.get("seconds")  # checkpoints before it do not record them
+    if phases:
+        line += (
+            f"\nquantization took {sum(phases.values()):.1f} s ("
+            + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in phases.items())
+            + ")"
+        )
+    return line

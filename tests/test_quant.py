@@ -215,6 +215,9 @@ def test_reports_are_within_bounds(quantized):
         assert rep["unquantized_baseline"]["top1_agreement"] == 1.0
         assert rep["unquantized_baseline"]["mean_kl"] < 1e-6
         assert 0 < rep["mean_kl"] <= rep["max_kl"]
+        # where the convert's time went, phase by phase
+        phases = ["load_model", "score_unquantized", "calibrate", "export", "accuracy_report"]
+        assert list(rep["seconds"]) == phases and all(v >= 0 for v in rep["seconds"].values())
     # NOTE: a random tiny model has near-tied logits (median top-1 margin ~0.2 nats), so
     # top-1 flips easily; KL is the meaningful figure. FP8 loses far less than INT4.
     assert fp8["mean_kl"] < 0.05 and fp8["top1_agreement"] >= 0.6

@@ -39,6 +39,7 @@ def ckpts(hf, tmp_path_factory) -> dict[str, Path]:
         r = invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out[key], *args, *CALIB)
         assert r.exit_code == 0, r.output
         assert "top-1 agreement" in r.stdout and "mean KL" in r.stdout
+        assert "quantization took" in r.stdout and "calibrate" in r.stdout  # its phases
     return out
 
 

@@ -164,10 +164,14 @@ def quantize_checkpoint(
     `tensors` are the unquantized canonical tensors; `plan` maps canonical names to HF names
     (convert.build_plan). Quantized linears are replaced and scales added per docs/formats.md.
     """
+    from ingot.runtime.timing import Lap
+
     from . import calibrate, export, report
 
     report_fn = progress or (lambda desc, done, total: None)
     device = resolve_device(opts.device)
+    seconds: dict[str, float] = {}  # per phase, kept in the report (where a convert's time goes)
+    lap = Lap(seconds, torch.device(device))
     text = calibrate.calibration_text(opts.calib_dataset)
     model, tokenizer = calibrate.load_hf_model(model_dir, device, cfg)
     samples = calibrate.token_windows(tokenizer, text, opts.calib_size, opts.calib_max_seq_len)
@@ -177,11 +181,17 @@ def quantize_checkpoint(
             "pass a text file with representative prose",
         )
     held_out = report.held_out_windows(tokenizer, calibrate.held_out_text())
+    lap("load_model")
     reference = report.reference_logits(model, held_out, report_fn)
+    lap("score_unquantized")
     calibrate.calibrate(model, opts, samples, report_fn)
+    lap("calibrate")
     quant = opts.quant_config()
     out = export.export_tensors(model, cfg, quant, tensors, plan, report_fn)
+    lap("export")
     rep = report.accuracy_report(cfg, quant, out, tensors, held_out, reference, report_fn)
+    lap("accuracy_report")
+    rep["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     rep["reference"] = (
         f"transformers {cfg.architecture}, unquantized, {next(model.parameters()).dtype} "
         f"on {device}"
