@@ -226,6 +226,24 @@ def test_reports_are_within_bounds(quantized):
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
+def test_report_prefills_its_windows_together_as_each_alone(quantized, mode):
+    """The report's one packed prefill of every window (each quantized weight dequantized
+    once) gives each window's logits as a prefill of that window alone."""
+    from ingot.compiler.quantize.report import ingot_logits
+
+    meta, t = load_checkpoint(quantized[mode])
+    tensors = {n: t[n] for n in t}
+    g = torch.Generator().manual_seed(3)
+    vocab = meta["model"].vocab_size
+    windows = [torch.randint(0, vocab, (1, n), generator=g) for n in (40, 64, 17)]
+    together = ingot_logits(meta["model"], meta["quant"], tensors, windows)
+    for w, got in zip(windows, together, strict=True):
+        (alone,) = ingot_logits(meta["model"], meta["quant"], tensors, [w])
+        assert got.shape == alone.shape == (w.shape[1], vocab)
+        torch.testing.assert_close(got, alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
 def test_export_matches_modelopt_fake_quant_on_unfused_linears(quantized, mode):
     """ingot's tensors through the CPU references reproduce ModelOpt's fake-quant QuantLinear
     (scale conventions, AWQ's pre_quant_scale, packing, the engine repack)."""

@@ -11,6 +11,7 @@ unquantized path at the checkpoint dtype are the baseline (what the dtype alone 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -45,14 +46,16 @@ def reference_logits(model: Any, windows: list[torch.Tensor], progress: Progress
 def ingot_logits(
     cfg: ModelConfig, quant: QuantConfig, tensors: dict[str, torch.Tensor], windows: list
 ) -> list[torch.Tensor]:
-    """Logits [L, V] float32 per window from ingot's CPU plugins, one prefill per window."""
+    """Logits [L, V] float32 per window from ingot's CPU plugins: one prefill of every window
+    (packed, as the runtime batches prompts), so each quantized weight is dequantized once."""
     from ingot.compiler.build import rope_tables, select_plugins
     from ingot.runtime.engine import EngineConfig
     from ingot.runtime.kv_cache import KVCache
     from ingot.runtime.model import AttnMetadata, Decoder, Ops
 
-    n_max = max(w.shape[1] for w in windows)
-    build = BuildConfig(1, n_max, n_max, BLOCK, "cpu")
+    lens = [w.shape[1] for w in windows]
+    n_max, total = max(lens), sum(lens)
+    build = BuildConfig(len(windows), n_max, total, BLOCK, "cpu")
     plugins = select_plugins("cpu", cfg, build, tactics="default", quant=quant)
     ops = Ops(EngineConfig(cfg, quant, build, plugins, rank_files={}))
     weights = {n: repack_for_engine(quant, n, t) for n, t in tensors.items()}
@@ -62,22 +65,23 @@ def ingot_logits(
         torch.float8_e4m3fn if quant.kv_cache_dtype == "fp8" else weights["embed.weight"].dtype
     )
     i32 = dict(dtype=torch.int32)
-    out = []
-    for ids in windows:
-        n = ids.shape[1]
-        blocks = -(-n // BLOCK)
-        kv = KVCache(cfg, blocks, BLOCK, kv_dtype, torch.device("cpu"))
-        meta = AttnMetadata(
-            slot_mapping=torch.arange(n, **i32),
-            block_tables=torch.arange(blocks, **i32)[None],
-            context_lens=torch.tensor([n], **i32),
-            query_start_loc=torch.tensor([0, n], **i32),
-            max_context_len=n,
-            max_query_len=n,
-        )
-        hidden = dec.forward(ids[0].to(torch.int32), torch.arange(n, **i32), meta, kv)
-        out.append(dec.logits(hidden))
-    return out
+    # window i owns blocks [i * per, (i + 1) * per) of one cache
+    per = -(-n_max // BLOCK)
+    kv = KVCache(cfg, per * len(windows), BLOCK, kv_dtype, torch.device("cpu"))
+    tables = torch.arange(per * len(windows), **i32).view(len(windows), per)
+    slots = torch.cat([i * per * BLOCK + torch.arange(n, **i32) for i, n in enumerate(lens)])
+    meta = AttnMetadata(
+        slot_mapping=slots,
+        block_tables=tables,
+        context_lens=torch.tensor(lens, **i32),
+        query_start_loc=torch.tensor([0, *itertools.accumulate(lens)], **i32),
+        max_context_len=n_max,
+        max_query_len=n_max,
+    )
+    ids = torch.cat([w[0] for w in windows]).to(torch.int32)
+    positions = torch.cat([torch.arange(n, **i32) for n in lens])
+    logits = dec.logits(dec.forward(ids, positions, meta, kv))
+    return list(logits.split(lens))
 
 
 def compare(reference: list[torch.Tensor], ours: list[torch.Tensor]) -> dict[str, float]:

@@ -203,11 +203,13 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def unpack_int4(words: torch.Tensor) -> torch.Tensor:
-    """[R, C/8] int32 -> [R, C] int32 codes in 0..15 (inverse of pack_int4)."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
-    codes = (words[..., None] >> shifts) & 0xF  # [R, C/8, 8]
-    return codes.reshape(words.shape[0], -1)
+def unpack_int4(words: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """[R, C/8] int32 -> [R, C] codes in 0..15 as `dtype` (inverse of pack_int4). Read as
+    bytes (4x less to move than int32 shifts): nibble 2i of a word is byte i's low half and
+    nibble 2i + 1 its high half (little-endian, as every platform torch runs on)."""
+    b = words.contiguous().view(torch.uint8).reshape(*words.shape, 4)
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1)  # [R, C/8, 4, 2]
+    return codes.reshape(words.shape[0], -1).to(dtype)
 
 
 W4_BLOCK = 128  # k per interleaved block of the engine layout (16 words)
@@ -227,9 +229,9 @@ def pack_w4_engine(codes: torch.Tensor) -> torch.Tensor:
     return pack_int4(_interleave(codes, True))
 
 
-def unpack_w4_engine(words: torch.Tensor) -> torch.Tensor:
+def unpack_w4_engine(words: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """Engine qweight [N, K/8] -> codes [N, K] in k order (inverse of pack_w4_engine)."""
-    return _interleave(unpack_int4(words), False)
+    return _interleave(unpack_int4(words, dtype), False)
 
 
 def dequantize_w4(
@@ -239,10 +241,11 @@ def dequantize_w4(
     zeros: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Engine-layout INT4 (module docstring) -> dense weight [N, K] float32."""
-    codes = unpack_w4_engine(qweight)  # [N, K]
-    s = scales.float().repeat_interleave(group_size, dim=1)  # [N, K]
-    z = INT4_ZERO if zeros is None else zeros.repeat_interleave(group_size, dim=1)
-    return (codes - z).float() * s
+    codes = unpack_w4_engine(qweight, torch.uint8)  # [N, K]
+    n, k = codes.shape
+    g = codes.view(n, k // group_size, group_size)  # a group's scale (and zero) broadcast
+    q = g.float() - INT4_ZERO if zeros is None else (g.to(torch.int32) - zeros[..., None]).float()
+    return (q * scales.float()[..., None]).view(n, k)
 
 
 def w4a16_linear(
