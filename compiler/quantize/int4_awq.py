@@ -47,10 +47,11 @@ def int4_linear_tensors(
         amax = group_amax(w, group_size)
     scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax)).to(dtype)  # [N, K/G]
     # NOTE: codes use the stored (rounded) scale, so dequantization reproduces them exactly.
-    s_full = scale.float().repeat_interleave(group_size, dim=1)  # [N, K]
-    q = torch.clamp(torch.round(w / s_full), -QMAX - 1, QMAX).to(torch.int32)
+    n = w.shape[0]
+    groups = w.reshape(n, k // group_size, group_size) / scale.float()[..., None]
+    q = torch.clamp(torch.round(groups), -QMAX - 1, QMAX).add_(INT4_ZERO)  # codes 0..15
     return {
-        "weight": pack_int4(q + INT4_ZERO),
+        "weight": pack_int4(q.to(torch.uint8).reshape(n, k)),
         "weight_scale": scale,
         "pre_quant_scale": s_f.to(dtype),
     }

@@ -64,5 +64,5 @@ def repack_for_engine(quant: QuantConfig, name: str, t: torch.Tensor) -> torch.T
     if quant.mode == "int4_awq" and name.endswith(".weight") and name.startswith("layers."):
         site = name.split(".", 2)[-1].rsplit(".", 1)[0]  # "layers.0.attn.o.weight" -> "attn.o"
         if site in LINEARS:
-            return pack_w4_engine(unpack_int4(t))  # codes in k order -> interleaved per 128 k
+            return pack_w4_engine(unpack_int4(t, torch.uint8))  # k order -> interleaved per 128 k
     return t.contiguous()

@@ -194,13 +194,13 @@ def make_swiglu_quant_fp8(tactic=None):
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """codes: [R, C] integers in 0..15, C % 8 == 0 -> [R, C/8] int32, low nibble first."""
+    """codes: [R, C] integers in 0..15, C % 8 == 0 -> [R, C/8] int32, low nibble first. Built
+    as bytes, two codes each (the low one in the low half), read as little-endian words."""
     r, c = codes.shape
-    u = codes.to(torch.int64).reshape(r, c // 8, 8)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-    words = (u << shifts).sum(dim=-1)  # [R, C/8] in 0..2^32-1
-    words = torch.where(words >= 2**31, words - 2**32, words)  # wrap into int32
-    return words.to(torch.int32)
+    if c % 8:
+        raise ValueError(f"INT4 packing needs a multiple of 8 codes a row, got {c}")
+    u = codes.to(torch.uint8).reshape(r, c // 2, 2)
+    return (u[..., 0] | (u[..., 1] << 4)).contiguous().view(torch.int32)
 
 
 def unpack_int4(words: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
