@@ -314,26 +314,30 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     assert "griddepcontrol.wait" in ptx and "sub.rn.bf16x2" in ptx
 
 
-def test_w4a16_dequant_gemm_launches_one_expansion_that_assembles_for_sm90(tmp_path):
-    """The dequantize-then-cuBLAS GEMM tactic at a prefill's rows, as the AOT dry run sees it:
-    one Triton launch (the weight's expansion; the GEMM is cuBLAS's), which compiles for
-    sm_90, so an INT4 engine whose build picks it bundles it."""
+@pytest.mark.parametrize("slab_rows", [None, 1024, 2048])
+def test_w4a16_dequant_gemm_launches_one_expansion_that_assembles_for_sm90(tmp_path, slab_rows):
+    """The dequantize-then-cuBLAS GEMM tactics at a prefill's rows, as the AOT dry run sees
+    them: Triton launches only of the weight's expansion (the GEMM is cuBLAS's), one or one a
+    slab of rows (8 and 16 MiB of bf16 at K = 4,096), which compile for sm_90, so an INT4
+    engine whose build picks one bundles it."""
     from triton.compiler import make_backend
 
     from ingot.compiler.kernel_bundle import recorded_launches
     from ingot.plugins import aot
     from ingot.plugins.quant import triton_w4a16 as tw
 
+    tactic = {None: tw.DEQUANT_GEMM, 1024: tw.DEQUANT_CHUNKED[0], 2048: tw.DEQUANT_CHUNKED[1]}
     N, K = 28672, 4096
     x = torch.empty(512, K, dtype=torch.bfloat16, device="meta")
     qweight = torch.empty(N, K // 8, dtype=torch.int32, device="meta")
     scales = torch.empty(N, K // 128, dtype=torch.bfloat16, device="meta")
     pqs = torch.empty(K, dtype=torch.bfloat16, device="meta")
-    fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[0], tw.DEQUANT_GEMM))
+    fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[0], tactic[slab_rows]))
     with recorded_launches() as specs:
         out = fn(x, qweight, scales, pqs, 128)
     assert out.shape == (512, N)
-    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4_dequant_kernel"]
+    launches = N // slab_rows if slab_rows else 1
+    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4_dequant_kernel"] * launches
     target = aot.parse_target("sm_90")
     _, src, options = aot._replay(specs[0], make_backend(target))
     with aot.use_cache_dir(tmp_path):

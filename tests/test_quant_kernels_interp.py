@@ -284,6 +284,39 @@ else:
             assert rel_err(fn(x, qweight, scales, p, gs), ref) < 1e-2, T
         assert len(expanded) == 2
 
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+    def test_w4a16_dequant_gemm_by_slabs_of_rows_equals_it_whole(dtype, monkeypatch):
+        """The chunked dequantize-then-cuBLAS tactics: slabs of rows (a multiple of block_n,
+        the last one short), each expanded into one reused buffer and multiplied into its
+        columns of out (bias sliced with them), give the whole expansion's result; the slab
+        follows chunk_bytes and K."""
+        torch.manual_seed(9)
+        K, N, gs = 512, 77, 128
+        qweight = qref.pack_w4_engine(torch.randint(0, 16, (N, K)))
+        scales = (torch.rand(N, K // gs) * 0.02 + 0.005).to(dtype)
+        p, bias = (torch.rand(K) + 0.5).to(dtype), torch.randn(N).to(dtype)
+        x = torch.randn(tw.DEQUANT_GEMM.as_dict()["min_rows"] + 5, K).to(dtype)
+        # 32-row slabs: 32, 32 and 13 rows
+        chunk = {"chunk_bytes": 32 * K * x.element_size() + 7}
+        params = dict(tw.DEQUANT_GEMM.as_dict(), **chunk)
+        whole = torch.empty(len(x), N, dtype=dtype)
+        tw._dequant_matmul(x, qweight, scales, p, gs, bias, whole, tw.DEQUANT_GEMM.as_dict())
+        kernel, slabs = tw._w4_dequant_kernel, []
+
+        class Slabs:  # the expansion's launches: (grid, rows)
+            def __getitem__(self, grid):
+                return lambda *a, **kw: slabs.append((grid, a[3])) or kernel[grid](*a, **kw)
+
+        monkeypatch.setattr(tw, "_w4_dequant_kernel", Slabs())
+        out = torch.full((len(x), N), float("nan"), dtype=x.dtype)
+        tw._dequant_matmul(x, qweight, scales, p, gs, bias, out, params)
+        assert slabs == [((1, K // 128), 32), ((1, K // 128), 32), ((1, K // 128), 13)]
+        assert not out.isnan().any()
+        tol = 1e-5 if dtype == torch.float32 else 2e-3  # one rounding of a half
+        torch.testing.assert_close(out, whole, rtol=tol, atol=tol)
+        ref = qref.w4a16_linear(x, qweight, scales, p, gs, None, bias)
+        assert rel_err(out, ref) < 1e-2
+
     @pytest.mark.parametrize("packed", [False, True])
     def test_w4a16_pdl_gemv_loads_its_first_chunk_before_the_wait(packed, monkeypatch):
         """The PDL variant of both GEMV kernels (the first chunk's words and scales loaded

@@ -31,7 +31,9 @@ Chosen by the number of rows T of x and the tactic:
   kernel (no reorder inside) 5-15% slower: the reorder is not the cost; v2's 64-byte row
   segments per 128-k chunk are the suspect (docs/performance.md, 2026-12-04 16:20).
 * dequantize, then cuBLAS (`DEQUANT_GEMM`, from its min_rows rows): the weight expanded to
-  the model dtype into a transient buffer by `_w4_dequant_kernel`, then one cuBLAS GEMM.
+  the model dtype into a transient buffer by `_w4_dequant_kernel`, then one cuBLAS GEMM; or
+  (`DEQUANT_CHUNKED`) a slab of rows at a time into one reused 8 or 16 MiB buffer, which the
+  slab's GEMM reads back from L2.
 
 The activation is scaled by pre_quant_scale in the model dtype (rounded once, as the
 reference does) when it is loaded. `gated=True` (the MLP's down projection) passes [gate | up]:
@@ -104,6 +106,21 @@ DEQUANT_GEMM = Tactic(
     "mm_dequant_n32",
     (("dequant", 1), ("min_rows", 128), ("block_n", 32), ("block_k", 128), ("num_warps", 4)),
 )
+
+
+def _dequant_chunked(mib: int) -> Tactic:
+    """DEQUANT_GEMM a slab of rows at a time: each slab's expansion (`chunk_bytes` of the
+    model dtype, one reused buffer) is read back by its GEMM while it is still in the 50 MB
+    L2, so the 4 bytes a weight the expansion writes and reads mostly stay on chip; more,
+    smaller launches. Timed by the build beside the others."""
+    return Tactic(
+        f"{DEQUANT_GEMM.name}_c{mib}m", DEQUANT_GEMM.params + (("chunk_bytes", mib << 20),)
+    )
+
+
+# NOTE: the whole expansion cost ~75 us of gate_up's 766 at 2,048 rows and about half of its
+# 218 at 128 on the H100 (docs/bench/bench-w4a16-prefill-h100-2026-12-05.json)
+DEQUANT_CHUNKED = (_dequant_chunked(8), _dequant_chunked(16))
 # NOTE: on the H200 the Triton GEMMs ran 81-267 us a site at 128 rows and 418-2,793 at 2,048
 # (docs/bench/bench-w4a16-prefill-2026-12-05.json), where cuBLAS at those shapes in BF16 takes
 # a fraction and the expansion reads 0.5 and writes 2 bytes a weight; the build times them all
@@ -114,6 +131,7 @@ GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interl
     _mm(128, 256, 128, 8, 3),
     _mm(16, 64, 128, 4, 4),
     DEQUANT_GEMM,
+    *DEQUANT_CHUNKED,
 )
 
 
@@ -496,21 +514,29 @@ def _w4_dequant_kernel(qw_ptr, s_ptr, out_ptr, N, KB, BLOCKS_PER_GROUP: tl.const
 
 
 def _dequant_matmul(x, qweight, scales, pqs, group_size, bias, out, params):
-    """The DEQUANT_GEMM tactic: the weight expanded to x's dtype (a transient [N, K] buffer),
-    x scaled by pre_quant_scale (rounded in x's dtype, as the reference), one cuBLAS GEMM
-    (fp32 x: IEEE, TF32 off, as the GEMM plugin's fp32 path) into out."""
+    """The DEQUANT_GEMM tactics: the weight expanded to x's dtype (a transient buffer), x
+    scaled by pre_quant_scale (rounded in x's dtype, as the reference), one cuBLAS GEMM (fp32
+    x: IEEE, TF32 off, as the GEMM plugin's fp32 path) into out; with `chunk_bytes`, a slab of
+    rows (a multiple of block_n) at a time, each expanded into one reused buffer."""
     from ..gemm.cuda import _cublas
 
     N, K = qweight.shape[0], x.shape[1]
-    w = torch.empty((N, K), dtype=x.dtype, device=x.device)
     bn = int(params.get("block_n", 32))
-    _w4_dequant_kernel[(triton.cdiv(N, bn), K // W4_BLOCK)](
-        qweight, scales, w, N, K // W4_BLOCK, BLOCKS_PER_GROUP=group_size // W4_BLOCK,
-        BLOCK_N=bn, num_warps=int(params.get("num_warps", 4)), num_stages=1,
-    )  # fmt: skip
+    rows = N
+    if params.get("chunk_bytes"):
+        rows = max(bn, int(params["chunk_bytes"]) // (K * x.element_size()) // bn * bn)
+    w = torch.empty((min(rows, N), K), dtype=x.dtype, device=x.device)
     if pqs is not None:
         x = x * pqs.to(x.dtype)
-    return _cublas(x, w, bias, out)
+    for n0 in range(0, N, rows):
+        n = min(rows, N - n0)
+        _w4_dequant_kernel[(triton.cdiv(n, bn), K // W4_BLOCK)](
+            qweight[n0:], scales[n0:], w, n, K // W4_BLOCK, BLOCKS_PER_GROUP=group_size // W4_BLOCK,
+            BLOCK_N=bn, num_warps=int(params.get("num_warps", 4)), num_stages=1,
+        )  # fmt: skip
+        b = bias[n0 : n0 + n] if bias is not None else None
+        _cublas(x, w[:n], b, out[:, n0 : n0 + n])
+    return out
 
 
 @triton.jit
