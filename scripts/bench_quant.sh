@@ -8,8 +8,8 @@
 # int4_awq), calibrating with ModelOpt on the GPU, builds each engine, then runs `ingot bench`:
 # latency (batch 1, 128/128) for each, and for FP8 throughput at 128/128, 2048/2048 and
 # 2048/128 (BF16 throughput at those shapes is in the standard grid). Results:
-# OUT_DIR/<mode>/{latency,tput_*}/*.json and OUT_DIR/summary.json (convert/build seconds, the
-# headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
+# OUT_DIR/<mode>/{latency,tput_*}/*.json, OUT_DIR/<mode>/phases.json (convert and build seconds
+# by phase) and OUT_DIR/summary.json (convert/build seconds, the headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
 # modes that get throughput points (default fp8), TPUT_SHAPES which (default "128x128 2048x128
 # 2048x2048", input x output; the longest last, so a call cut short keeps the others);
@@ -75,6 +75,17 @@ for mode in ${MODES:-bf16 fp8 int4_awq}; do
     --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
     --tokens-per-block 32 --force ${BUILD_ARGS:-}
   lap "build_$mode"
+  # where the convert's and the build's time went, phase by phase (before both are deleted)
+  mkdir -p "$out/$mode"
+  python3 - "$work/ckpt-$mode/config.json" "$work/engine-$mode/config.json" \
+    > "$out/$mode/phases.json" <<'PY'
+import json
+import sys
+
+ckpt, engine = (json.load(open(p)) for p in sys.argv[1:])
+print(json.dumps({"convert": (ckpt.get("quant_report") or {}).get("seconds"),
+                  "build": engine["extra"].get("build_seconds")}, indent=2))
+PY
   rm -rf "$work/ckpt-$mode"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
@@ -118,6 +129,8 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
     row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
            "decode_roofline": lat["decode"], "latency": lat}
+    if (out / mode / "phases.json").is_file():  # seconds by phase: convert and build
+        row["phases_s"] = json.loads((out / mode / "phases.json").read_text())
     off = out / mode / "no_pipeline"
     if (off / "latency.json").is_file():  # COMPARE_PIPELINE
         lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
