@@ -122,13 +122,12 @@ class Executor:
         )
         self.graphs = self.prefill_graphs = None
         if cuda_graphs and self.device.type == "cuda" and comm is None:
-            from . import cuda_graphs as cg
-            from .cuda_graphs import DecodeGraphs, PrefillGraphs, prefill_buckets
+            from .cuda_graphs import SHORT_TIER, DecodeGraphs, PrefillGraphs, prefill_buckets
 
             width = self.scheduler.config.max_blocks_per_seq
             self.graphs = DecodeGraphs(
                 self.decoder, self.kv, b.max_batch_size, width, b.max_seq_len, self.device,
-                cg.SHORT_TIER,
+                SHORT_TIER,
             )  # fmt: skip
             lap("decode_graphs")
             buckets = prefill_buckets(b.max_num_tokens)

@@ -484,7 +484,7 @@ def _w4a16_gemv_kernel(
     [gate | up], 2K wide, and x = silu(gate) * up (the MLP's down projection; `_x_nibble`).
     NORM / ADD_OUT: the RMSNorm folded in, as `plugins/gemm/cuda.py:_gemv_kernel` (x is the
     residual stream, normalized as loaded / the output is added into the residual stream).
-    PACKED: bf16 x, the bf16x2 loop (`_packed_loop`; magic2 and c136 its constants)."""
+    PACKED: bf16 x, the bf16x2 loop (`_packed_chunk`; magic2 and c136 its constants)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     y, nm, rn_c, rm, mm = w4a16_rows(
         x_ptr, qw_ptr, s_ptr, pqs_ptr, rn, T, N, KB, sxm, magic, magic2, c136, HAS_PQS,
