@@ -22,17 +22,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ingot.plugins.quant import triton_w4a16 as tw
+from ingot.plugins.quant import w4a16_persistent as wp
 
 _PTRS = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "pqs_ptr": "*bf16",
          "b_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
 
 
-def compile_gemv(params: dict, pqs: bool = True, kb: int = 32):
-    fn = tw._w4a16_gemv_kernel
+def compile_gemv(params: dict, pqs: bool = True, kb: int = 32, **variant):
+    """The decode GEMV of tactic `params` for sm_90; variant: constexprs set (PDL=2,
+    GATED=True, ...), the others at their defaults."""
+    persist = bool(params.get("persist"))  # the resident-program kernel (no STAGES)
+    fn = wp._w4a16_gemv_persistent_kernel if persist else tw._w4a16_gemv_kernel
     const = {"PACKED": bool(params.get("packed")), "HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1,
              "BLOCK_M": triton.next_power_of_2(int(params["max_m"])),
              "BLOCK_N": params["block_n"], "BLOCK_G": params["block_g"],
-             "MASKED": kb % params["block_g"] != 0, "STAGES": params["num_stages"]}  # fmt: skip
+             "MASKED": kb % params["block_g"] != 0}  # fmt: skip
+    if not persist:
+        const["STAGES"] = params["num_stages"]
+    const |= variant
     # every other constexpr at its default (GATED, PDL, ...: off), never a runtime argument
     const |= {q.name: q.default for q in fn.params if q.is_constexpr and q.name not in const}
     sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
@@ -43,9 +50,10 @@ def compile_gemv(params: dict, pqs: bool = True, kb: int = 32):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def loop_body(cubin: bytes) -> tuple[list[str], int]:
+def loop_body(cubin: bytes, steady: bool = False) -> tuple[list[str], int]:
     """The SASS opcodes between the last backward branch and its target (the K loop) and the
-    registers per thread."""
+    registers per thread. steady: without the blocks a forward branch inside the loop can
+    skip (the persistent kernel's per-tile stores: once a tile, not once a step)."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(cubin)
@@ -56,9 +64,13 @@ def loop_body(cubin: bytes) -> tuple[list[str], int]:
     loops = [(int(t, 16), a) for a, op in instrs
              for t in re.findall(r"BRA .*?0x([0-9a-f]+)", op) if int(t, 16) < a]  # fmt: skip
     lo, hi = loops[-1]
-    body = [
-        op.split()[1] if op.startswith("@") else op.split()[0] for a, op in instrs if lo <= a <= hi
-    ]
+    skipped = set()
+    for a, op in instrs if steady else ():
+        to = re.search(r"BRA .*?0x([0-9a-f]+)", op)
+        if to and lo <= a <= hi and int(to.group(1), 16) > a:
+            skipped |= {b for b, _ in instrs if a < b < int(to.group(1), 16)}
+    body = [op.split()[1] if op.startswith("@") else op.split()[0] for a, op in instrs
+            if lo <= a <= hi and a not in skipped]  # fmt: skip
     return body, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
@@ -66,8 +78,10 @@ def report() -> list[dict]:
     rows = []
     for tactic in tw.DECODE_TACTICS:
         p = tactic.as_dict()
-        body, regs = loop_body(compile_gemv(p).asm["cubin"])
-        weights = p["block_n"] * p["block_g"] * 128 / (32 * p["num_warps"])  # a thread's, a chunk
+        # the persistent kernel's loop: two steps (chunks), and a tile's store when one ends
+        steps = 2 if p.get("persist") else 1
+        body, regs = loop_body(compile_gemv(p).asm["cubin"], steady=steps == 2)
+        weights = p["block_n"] * p["block_g"] * 128 * steps / (32 * p["num_warps"])  # a thread's
         ops = collections.Counter(body)
         top = ops.most_common(6)
         rows.append({"tactic": tactic.name, "registers": regs, "loop_instructions": len(body),

@@ -254,6 +254,30 @@ def test_w4a16_packed_gemv_does_its_bf16x2_arithmetic(tactic):
             assert rel_err(out, w4a16_packed_model(x, qweight, scales, pqs)) < 1e-4, (N, T)
 
 
+PERSISTENT = [t for t in tw.DECODE_TACTICS if t.as_dict().get("persist")]
+
+
+@pytest.mark.parametrize("tactic", PERSISTENT, ids=ids(PERSISTENT))
+def test_w4a16_persistent_gemv_is_the_plain_kernel_at_llama_shapes(tactic):
+    """Resident programs (`persist` per SM of this GPU) over the tiles of Llama-3.1-8B's four
+    sites: the plain kernel's bits with the same blocks, with and without
+    PDL; every output element written (NaN poison)."""
+    from ingot.plugins import pdl
+
+    params = tactic.as_dict()
+    plain = {k: v for k, v in params.items() if k != "persist"}
+    for N, K in SHAPES:
+        qweight, scales, pqs = _w4(N, K)
+        x = torch.randn(1, K, device=DEV, dtype=BF16)
+        want = tw.launch_w4a16(x, qweight, scales, pqs, 128, None,
+                               torch.empty(1, N, device=DEV, dtype=BF16), plain, True)  # fmt: skip
+        for on in (False, True):
+            out = torch.full((1, N), float("nan"), device=DEV, dtype=BF16)
+            with pdl.scope(on):
+                tw.launch_w4a16(x, qweight, scales, pqs, 128, None, out, params, True)
+            assert torch.equal(out, want), (N, K, on)
+
+
 # a program's rows hold whole RoPE pairs: two rows or more
 W4_ROPE = [t for t in tw.DECODE_TACTICS if t.as_dict()["block_n"] >= 2]
 

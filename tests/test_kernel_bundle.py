@@ -272,13 +272,15 @@ def test_folded_norm_decode_steps_launch_bundled_binaries(pdl):
 
 def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     """The packed W4A16 GEMV (bf16x2 inline PTX) as an INT4 engine with that tactic records
-    and bundles it: every packed decode tactic launches the packed kernel for bf16 x, which
-    ptxas assembles for sm_90 on this machine."""
+    and bundles it: every packed decode tactic launches the packed kernel for bf16 x (the
+    plain one, or with `persist` the resident-program one), which ptxas assembles for sm_90
+    on this machine."""
     from triton.compiler import make_backend
 
     from ingot.compiler.kernel_bundle import recorded_launches
     from ingot.plugins import aot
     from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.quant import w4a16_persistent as wp
 
     N, K = 6144, 4096
     x = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
@@ -291,15 +293,20 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
         for t in packed:
             fn = tw.make_w4a16_linear(tw.combine_tactics(t, tw.GEMM_TACTICS[0]))
             fn(x, qweight, scales, pqs, 128)
-    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4a16_gemv_kernel"] * len(packed)
-    assert all(_constexpr(s, tw._w4a16_gemv_kernel, "PACKED") for s in specs)
+    want = ["_w4a16_gemv_persistent_kernel" if t.as_dict().get("persist") else "_w4a16_gemv_kernel"
+            for t in packed]  # fmt: skip
+    assert [s.fn.rsplit(":", 1)[-1] for s in specs] == want and len(set(want)) == 2
+    kernels = {"_w4a16_gemv_kernel": tw._w4a16_gemv_kernel,
+               "_w4a16_gemv_persistent_kernel": wp._w4a16_gemv_persistent_kernel}  # fmt: skip
+    assert all(_constexpr(s, kernels[s.fn.rsplit(":", 1)[-1]], "PACKED") for s in specs)
     target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(specs[0], make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        kernel = triton.compile(src, target=target, options=options.__dict__)
-    ptx = kernel.asm["ptx"]
-    assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
-    assert kernel.asm["cubin"]
+    for spec in (specs[0], specs[want.index("_w4a16_gemv_persistent_kernel")]):
+        _, src, options = aot._replay(spec, make_backend(target))
+        with aot.use_cache_dir(tmp_path):
+            kernel = triton.compile(src, target=target, options=options.__dict__)
+        ptx = kernel.asm["ptx"]
+        assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
+        assert kernel.asm["cubin"]
     # the PDL variant (first chunk loaded before griddepcontrol.wait) assembles too
     from ingot.plugins import pdl
 

@@ -385,6 +385,67 @@ else:
                 ref = qref.w4a16_linear(gate_up, qweight, scales, p, 128, None, b, gated=True)
                 assert rel_err(out, ref) < 1e-2
 
+    PERSISTENT = [t for t in tw.DECODE_TACTICS if t.as_dict().get("persist")]
+
+    @pytest.mark.parametrize("tactic", PERSISTENT, ids=lambda t: t.name)
+    def test_w4a16_persistent_gemv_is_the_plain_kernel_over_tiles(tactic, monkeypatch):
+        """Resident programs (tactics with `persist`) walking tiles pid, pid + 3, ... of 7 and
+        prefetching each next chunk: the plain kernel's bits with the same blocks, for bf16
+        (packed loop) and fp16 (fp32 loop) x, K of 1, 2 and 3 chunks (odd and even steps per
+        program) and a partial last chunk; with PDL, SwiGLU, and the folded norm and
+        residual add (the same residual and sums of squares). N not a multiple of BLOCK_N
+        runs the plain kernel. (All of it for the first such tactic; the others' blocks with
+        and without PDL on bf16 x at 3 chunks: the interpreter is slow.)"""
+        from ingot.plugins.gemm.fused_norm import AddOut, NormIn, new_sums
+        from ingot.plugins.quant import w4a16_persistent as wp
+
+        torch.manual_seed(10)
+        grid, launched = wp.resident_grid, []
+        monkeypatch.setattr(wp, "resident_grid", lambda tiles, persist, dev: min(tiles, 3))
+        monkeypatch.setattr(wp, "_w4a16_gemv_persistent_kernel",
+                            _Spy(wp._w4a16_gemv_persistent_kernel, launched))  # fmt: skip
+        params = tactic.as_dict()
+        plain = {k: v for k, v in params.items() if k != "persist"}
+        N = 7 * params["block_n"]
+        full = tactic == PERSISTENT[0]
+        for dt in (torch.bfloat16, torch.float16) if full else (torch.bfloat16,):
+            for K, bg in ((128, 1), (256, 1), (384, 1), (384, 2)) if full else ((384, 1),):
+                args, _ = _w4_case(K, N, 1, dt, True)
+                x, qweight, scales, p, b = args
+                prm, pln = dict(params, block_g=bg), dict(plain, block_g=bg)
+                want = _w4_run(args, pln, True)
+                assert torch.equal(_w4_run(args, prm, True), want), (dt, K, bg)
+                with pdl.scope(True):
+                    assert torch.equal(_w4_run(args, prm, True), want), (dt, K, bg)
+                if not full:
+                    continue
+                gate_up = torch.randn(1, 2 * K).to(dt)
+                outs = [torch.empty(1, N, dtype=dt) for _ in range(2)]
+                for prm_, out in zip((prm, pln), outs, strict=True):
+                    tw.launch_w4a16(gate_up, qweight, scales, p, 128, b, out, prm_, True, True)
+                assert torch.equal(*outs), (dt, K, bg)
+                # the norm folded in (x the residual stream); the output added into one
+                sums = new_sums(2, 1, "cpu")
+                sums[0, 0] = int(x.float().pow(2).sum() * 2**32)
+                norm = NormIn((torch.rand(K) + 0.5).to(dt), 1e-5, sums[0])
+                normed = [tw.launch_w4a16(x, qweight, scales, p, 128, b, torch.empty(1, N, dtype=dt),
+                                          prm_, True, norm=norm) for prm_ in (prm, pln)]  # fmt: skip
+                assert torch.equal(*normed), (dt, K, bg)
+                res = [torch.randn(1, N).to(dt)] * 2
+                res, got = [r.clone() for r in res], []
+                for prm_, r in zip((prm, pln), res, strict=True):
+                    sums[1].zero_()
+                    tw.launch_w4a16(x, qweight, scales, p, 128, b, r, prm_, True,
+                                    add=AddOut(r, sums[1]))  # fmt: skip
+                    got.append(sums[1].clone())
+                assert torch.equal(*res) and torch.equal(*got) and got[0].any(), (dt, K, bg)
+        runs = 5 * 8 if full else 2
+        assert len(launched) == runs and {kw.get("PDL", 0) for kw in launched} != {0}
+        args, _ = _w4_case(128, N + 1, 1, torch.bfloat16, True)  # a ragged last tile
+        assert torch.equal(_w4_run(args, params, True), _w4_run(args, plain, True))
+        assert len(launched) == runs
+        assert grid(100, params["persist"], torch.device("meta")) == params["persist"]
+
     def test_w4a16_plugin_runs_the_kernels_on_cpu_tensors_in_the_interpreter():
         """Under the interpreter the plugin takes CPU tensors to its kernels (the GPU engine's
         code paths on the CPU: tests/interp_gpu_paths.py), SwiGLU included."""

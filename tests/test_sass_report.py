@@ -56,3 +56,26 @@ def test_packed_w4a16_gemv_loop_takes_fewer_instructions_per_weight():
         assert "BRA" in body and regs <= 168, (t.name, regs)
     assert per_weight[packed.name] <= 3.2 < 4.0 <= per_weight[fp32.name], per_weight
     assert "HFMA2.BF16_V2" in ops[packed.name] and "HFMA2.BF16_V2" not in ops[fp32.name]
+
+
+def test_persistent_w4a16_gemv_programs_stay_resident():
+    """scripts/sass_w4a16.py: each persistent W4A16 tactic's `persist` programs per SM fit in
+    the SM's 64K registers in every variant an INT4 engine launches (plain, PDL, PDL with
+    SwiGLU), so the grid is one wave; and its steady loop (two chunks, without the per-tile
+    stores) issues within 10% of the plain kernel's instructions per weight at the same
+    blocks (the prefetch costs addresses, not a second copy of the math)."""
+    mod = _script("sass_w4a16")
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    persistent = [t for t in tw.DECODE_TACTICS if t.as_dict().get("persist")]
+    assert persistent
+    for t in persistent:
+        p = t.as_dict()
+        for variant in ({}, {"PDL": 2}, {"PDL": 2, "GATED": True}):
+            _, regs = mod.loop_body(mod.compile_gemv(p, **variant).asm["cubin"])
+            assert regs * 32 * p["num_warps"] * p["persist"] <= 65536, (t.name, variant, regs)
+    per_weight = {r["tactic"]: r["per_weight"] for r in mod.report()}
+    for t in persistent:
+        plain = t.name.removesuffix(f"_r{t.as_dict()['persist']}")
+        if plain in per_weight:
+            assert per_weight[t.name] <= 1.1 * per_weight[plain], (t.name, per_weight)

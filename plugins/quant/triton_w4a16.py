@@ -59,12 +59,17 @@ from .reference import W4_BLOCK
 from .reference import w4a16_linear as _reference
 
 
-def _dec(bn: int, bg: int, w: int, s: int, max_m: int, packed: bool = False) -> Tactic:
+def _dec(
+    bn: int, bg: int, w: int, s: int, max_m: int, packed: bool = False, persist: int = 0
+) -> Tactic:
     params = (("block_n", bn), ("block_g", bg), ("num_warps", w), ("num_stages", s),
               ("max_m", max_m))  # fmt: skip
+    name = f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}"
     if packed:  # bf16x2 arithmetic (`_packed_quad`); bf16 activations only
-        return Tactic(f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}_p", params + (("packed", 1),))
-    return Tactic(f"dec_n{bn}_g{bg}_w{w}_s{s}_m{max_m}", params)
+        name, params = name + "_p", params + (("packed", 1),)
+    if persist:  # `persist` resident programs per SM, prefetching (w4a16_persistent.py)
+        name, params = name + f"_r{persist}", params + (("persist", persist),)
+    return Tactic(name, params)
 
 
 def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
@@ -96,6 +101,14 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(8, 16, 2, 1, 1, packed=True),
     _dec(8, 32, 4, 1, 1, packed=True),
     _dec(4, 32, 4, 1, 2, packed=True),
+    # resident programs walking several tiles, each loading its next chunk while it computes
+    # one (w4a16_persistent.py): a thread holds two chunks, so narrow ones, and as many
+    # programs per SM as their registers let stay resident (sm_90: 96-128 registers a thread
+    # for the n4 / n8_g16 ones, 128-168 for n8_g8, with PDL and SwiGLU variants)
+    _dec(8, 16, 2, 1, 1, packed=True, persist=8),
+    _dec(8, 32, 4, 1, 1, packed=True, persist=4),
+    _dec(4, 32, 4, 1, 1, packed=True, persist=5),
+    _dec(8, 8, 2, 1, 1, packed=True, persist=6),
 )
 # the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel
 # (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`). From
@@ -643,12 +656,17 @@ def launch_w4a16(
     if decode:
         bn, bg, kb = int(params["block_n"]), int(params["block_g"]), K // W4_BLOCK
         packed = bool(params.get("packed", 0)) and x.dtype == torch.bfloat16
-        _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](
-            *args, kb, x.stride(0), out.stride(0), _MAGIC, _MAGIC_BF16X2, _C136_BF16X2,
-            BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
-            BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, STAGES=stages, GATED=gated, **common,
-            **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}),
-        )  # fmt: skip
+        kw = dict(BLOCKS_PER_GROUP=group_size // W4_BLOCK, BLOCK_M=max(1, triton.next_power_of_2(T)),
+                  BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, GATED=gated, **common,
+                  **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}))  # fmt: skip
+        args += (kb, x.stride(0), out.stride(0), _MAGIC, _MAGIC_BF16X2, _C136_BF16X2)
+        if params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
+            from . import w4a16_persistent as wp
+
+            grid = wp.resident_grid(triton.cdiv(N, bn), int(params["persist"]), x.device)
+            wp._w4a16_gemv_persistent_kernel[(grid,)](*args, **kw)
+        else:
+            _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](*args, STAGES=stages, **kw)
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
         _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
