@@ -197,15 +197,17 @@ class _Shapes:
         return (x, w, *scales, b), {"out_dtype": self.dt}
 
     def w4a16_gemm(
-        self, n: int, k: int, bias: bool, group: int, rows: int = 1
+        self, n: int, k: int, bias: bool, group: int, rows: int = 1, gated: bool = False
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The engine layout: int32 words [N, K/8] (8 codes each), scales [N, K/group]; x of
-        `rows` rows (1: the decode GEMV; more: the prefill GEMM)."""
+        `rows` rows (1: the decode GEMV; more: the prefill GEMM). gated: x is [gate | up], as
+        the down projection's decode GEMV takes it (SwiGLU applied as it loads, or before)."""
         words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device=self.dev)
         scales = (torch.rand(n, k // group, device=self.dev) * 0.02 + 0.002).to(self.dt)
         pqs = (torch.rand(k, device=self.dev) + 0.5).to(self.dt)
-        x = self.t(rows, k)
-        return (x, words, scales, pqs, group, None, self.t(n) if bias else None), {}
+        x = self.t(rows, 2 * k if gated else k)
+        kw = {"gated": True} if gated else {}
+        return (x, words, scales, pqs, group, None, self.t(n) if bias else None), kw
 
 
 def pick_over_contexts(
@@ -369,7 +371,10 @@ def timed_choices(
         factory, rows = resolve_factory(name), min(512, build.max_num_tokens)
         decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
         mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
-        dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size),
+        # the down projection's decode GEMV takes [gate | up] in every INT4 engine: timed so,
+        # as tactics differ in where SwiGLU runs (as x is loaded, or a kernel before)
+        gated = site == "mlp.down"
+        dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size, gated=gated),
                        factory, predecessor(site), **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
                       factory, None, **check(name))  # fmt: skip

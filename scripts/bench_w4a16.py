@@ -1,6 +1,7 @@
 """W4A16 (INT4 AWQ, group 128) GEMV at batch 1 on the Llama-3.1-8B layer shapes: every decode
 tactic's median time (L2 flushed between calls), the bytes it must read (packed weights, scales,
-x) against the measured copy bandwidth, and the per-layer sum of the best tactics.
+x) against the measured copy bandwidth, and the per-layer sum of the best tactics. The down
+projection is timed on [gate | up] (SwiGLU included), as engines run it (since 2026-12-05).
 
     python3 scripts/bench_w4a16.py --out bench_w4a16.json
 """
@@ -24,12 +25,14 @@ SHAPES = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 *
           "down": (D, INTER)}  # fmt: skip
 
 
-def inputs(N: int, K: int):
+def inputs(N: int, K: int, gated: bool = False):
+    """gated: x is [gate | up], as INT4 engines run the down projection (SwiGLU as it loads,
+    or a kernel before for the tensor-core tactics)."""
     qweight = torch.randint(-(2**31), 2**31 - 1, (N, K // 8), device=DEV, dtype=torch.int32)
     scales = (torch.rand(N, K // GROUP, device=DEV) * 0.02 + 0.005).to(BF16)
     pqs = (torch.rand(K, device=DEV) + 0.5).to(BF16)
-    x = torch.randn(1, K, device=DEV, dtype=BF16)
-    return (x, qweight, scales, pqs, GROUP), {}
+    x = torch.randn(1, 2 * K if gated else K, device=DEV, dtype=BF16)
+    return (x, qweight, scales, pqs, GROUP), ({"gated": True} if gated else {})
 
 
 def main() -> None:
@@ -37,7 +40,7 @@ def main() -> None:
     tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
     rows, best = [], {}
     for name, (N, K) in SHAPES.items():
-        t = time_tactics("w4a16_gemm", tactics, fixed(*inputs(N, K)), args.reps,
+        t = time_tactics("w4a16_gemm", tactics, fixed(*inputs(N, K, name == "down")), args.reps,
                          factory=tw.make_w4a16_linear)  # fmt: skip
         nbytes = N * K // 2 + (K // GROUP) * N * 2 + K * 4 + N * 2
         record(rows, "w4a16_gemv", f"{name} N={N} K={K}", t, nbytes, 2 * N * K, bw=bw)

@@ -1,6 +1,7 @@
 """Instructions per weight in the main loop of the W4A16 decode GEMV's sm_90 binaries, compiled
 on this machine without a GPU (Triton's ptxas and cuobjdump): every decode tactic, the fp32
-kernel and the packed (bf16x2) one, at Llama-3.1-8B's qkv shape with AWQ's pre_quant_scale.
+kernel, the packed (bf16x2) one, the persistent one and the tensor-core one, at
+Llama-3.1-8B's qkv shape with AWQ's pre_quant_scale.
 
 A check before spending GPU time: at 4 bits a weight the H200 leaves ~3.5 issue slots per
 weight for a GEMV to stay bound by DRAM (scripts/bench_w4a16.py then times them).
@@ -22,6 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ingot.plugins.quant import triton_w4a16 as tw
+from ingot.plugins.quant import w4a16_mma as wm
 from ingot.plugins.quant import w4a16_persistent as wp
 
 _PTRS = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "pqs_ptr": "*bf16",
@@ -74,10 +76,32 @@ def loop_body(cubin: bytes, steady: bool = False) -> tuple[list[str], int]:
     return body, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
+def compile_mma(params: dict, pqs: bool = True, kb: int = 32):
+    """The tensor-core GEMV of an `mma` tactic for sm_90 (w4a16_mma.py)."""
+    fn = wm._w4a16_mma_gemv_kernel
+    warps = params["mma_warps"]
+    const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1, "WARPS": warps,
+             "TILES": params["tiles"], "UNROLL": params["unroll"], "PDL": False}  # fmt: skip
+    sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
+    idx = fn.arg_names.index
+    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}
+    src = ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
 def report() -> list[dict]:
     rows = []
     for tactic in tw.DECODE_TACTICS:
         p = tactic.as_dict()
+        if p.get("mma"):  # a thread's weights an iteration: its tiles' 16 rows x 128 k / 32
+            body, regs = loop_body(compile_mma(p).asm["cubin"])
+            weights = p["tiles"] * p["unroll"] * 64
+            rows.append({"tactic": tactic.name, "registers": regs, "loop_instructions": len(body),
+                         "per_weight": len(body) / weights, "ops": dict(collections.Counter(body))})  # fmt: skip
+            print(
+                f"{tactic.name:28s} regs {regs:3d} loop {len(body):5d} {len(body) / weights:5.2f}/weight"
+            )
+            continue
         # the persistent kernel's loop: two steps (chunks), and a tile's store when one ends
         steps = 2 if p.get("persist") else 1
         body, regs = loop_body(compile_gemv(p).asm["cubin"], steady=steps == 2)

@@ -223,7 +223,9 @@ else:
             args, ref = _w4_case(256, 37, T, torch.float16, True)
             assert rel_err(_w4_run(args, d if T <= d["max_m"] else m, T <= d["max_m"]), ref) < 1e-2
 
-    PACKED = [t for t in tw.DECODE_TACTICS if t.as_dict().get("packed")]
+    PACKED = [
+        t for t in tw.DECODE_TACTICS if t.as_dict().get("packed") and not t.as_dict().get("mma")
+    ]
 
     @pytest.mark.parametrize("tactic", [PACKED[0], PACKED[-1]], ids=lambda t: t.name)
     def test_w4a16_packed_gemv(tactic):
@@ -445,6 +447,50 @@ else:
         assert torch.equal(_w4_run(args, params, True), _w4_run(args, plain, True))
         assert len(launched) == runs
         assert grid(100, params["persist"], torch.device("meta")) == params["persist"]
+
+    MMA = [t for t in tw.DECODE_TACTICS if t.as_dict().get("mma")]
+
+    @pytest.mark.parametrize("tactic", MMA, ids=lambda t: t.name)
+    def test_w4a16_mma_gemv_from_the_fragments_layout(tactic, monkeypatch):
+        """The tensor-core GEMV, its MMA emulated from the PTX fragments' layout (lane (g, q):
+        A rows g and g + 8 at slots 2q, 2q + 1, 2q + 8, 2q + 9; B column g; D rows g, g + 8 at
+        columns 2q, 2q + 1): without pre_quant_scale, the fp64 product of x and the
+        dequantized weight within fp32 rounding (the interpreter's bf16 casts truncate
+        x * pqs); with it, the reference within 1e-2. x rows 1 to 8, rows past N (a partial
+        tile), K past the warps' last full pass (blocks read again at scale 0), bias, PDL (the
+        same bits); SwiGLU runs before it; fp16 x takes the plain kernel."""
+        from ingot.plugins.activation.triton_kernels import make_swiglu
+        from ingot.plugins.quant import w4a16_mma as wm
+
+        torch.manual_seed(11)
+        launched = []
+        monkeypatch.setattr(wm, "_w4a16_mma_gemv_kernel", _Spy(wm._w4a16_mma_gemv_kernel, launched))
+        params = tactic.as_dict()
+        for K, N, T, pqs, bias in ((256, 40, 1, False, False), (384, 32, 8, True, True),
+                                   (1152, 48, 3, False, True)):  # fmt: skip
+            args, ref = _w4_case(K, N, T, torch.bfloat16, bias, pqs)
+            x, qweight, scales, p, b = args
+            out = _w4_run(args, params, True)
+            if pqs:
+                assert rel_err(out, ref) < 1e-2, (K, N, T)
+            else:  # fp32 out: the sums before the interpreter's bf16 cast
+                sums = torch.full((T, N), float("nan"))
+                tw.launch_w4a16(x, qweight, scales, p, 128, b, sums, params, True)
+                exact = x.double() @ qref.dequantize_w4(qweight, scales, 128).double().t()
+                exact += b.double() if bias else 0.0
+                assert (sums.double() - exact).abs().max() < 1e-5 * exact.abs().max(), (K, N, T)
+            with pdl.scope(True):
+                assert torch.equal(_w4_run(args, params, True), out), (K, N, T)
+        assert len(launched) == 8 and {kw.get("PDL", 0) for kw in launched} != {0}
+        fn = tw.make_w4a16_linear(tw.combine_tactics(tactic, tw.GEMM_TACTICS[0]))
+        args, _ = _w4_case(256, 32, 1, torch.bfloat16, False)
+        _, qweight, scales, p, _ = args
+        gate_up = torch.randn(1, 512).to(torch.bfloat16)
+        gated = fn(gate_up, qweight, scales, p, 128, gated=True)
+        assert torch.equal(gated, fn(make_swiglu(None)(gate_up), qweight, scales, p, 128))
+        assert len(launched) == 10
+        args, ref = _w4_case(256, 32, 1, torch.float16, True)
+        assert rel_err(_w4_run(args, params, True), ref) < 1e-2 and len(launched) == 10
 
     def test_w4a16_plugin_runs_the_kernels_on_cpu_tensors_in_the_interpreter():
         """Under the interpreter the plugin takes CPU tensors to its kernels (the GPU engine's

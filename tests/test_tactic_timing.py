@@ -320,17 +320,25 @@ def test_gpu_builds_check_every_gemm_site_against_its_reference():
 def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     """A w4a16_gemm tactic pairs a GEMV (decode) and a GEMM (prefill) half: the build times
     the GEMV candidates at batch 1 and the GEMM ones at a prefill-sized batch, per site, and
-    keeps the fastest of each (timed together at batch 1, the GEMM half was a tie)."""
+    keeps the fastest of each (timed together at batch 1, the GEMM half was a tie). The down
+    projection's GEMV half is timed on [gate | up] with gated=True, as every INT4 engine runs
+    it."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
     from ingot.plugins.quant import triton_w4a16 as tw
 
-    calls = []
+    calls, gemv_inputs = [], []
+    init = tactic_select._Shapes.__init__
+    monkeypatch.setattr(tactic_select._Shapes, "__init__",
+                        lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
 
     def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **check):
         assert name == "w4a16_gemm" and check["tolerance"] == 1e-2
         gemm_half = len({c.name.split("+")[1] for c in cands}) > 1  # the GEMM halves differ
         calls.append(gemm_half)
+        if not gemm_half:
+            args, kw = inputs()
+            gemv_inputs.append((tuple(args[0].shape), args[1].shape[0], kw))
         best = 2 if gemm_half else 3  # the GEMM tactic 2, the GEMV tactic 3 fastest
         return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)), key=lambda r: r[1])
 
@@ -342,6 +350,12 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     sites = {c.site: c for c in choices if c.site is not None}
     assert set(sites) == {"attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"}
     assert calls == [False, True] * 4
+    m = LLAMA_3_1_8B
+    assert sorted(gemv_inputs, key=str) == sorted([
+        ((1, m.hidden_size), m.qkv_size, {}), ((1, m.q_size), m.hidden_size, {}),
+        ((1, m.hidden_size), 2 * m.intermediate_size, {}),
+        ((1, 2 * m.intermediate_size), m.hidden_size, {"gated": True}),
+    ], key=str)  # fmt: skip
     want = tw.combine_tactics(tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[2])
     for c in sites.values():
         assert (c.tactic, c.params) == (want.name, want.as_dict())

@@ -72,6 +72,15 @@ def _dec(
     return Tactic(name, params)
 
 
+def _dec_mma(tiles: int, warps: int, unroll: int) -> Tactic:
+    """The tensor-core GEMV (bf16 x, up to 8 rows); what it does not take (other dtypes, more
+    rows) runs the packed n16 GEMV of the same tactic, as the first tactic does."""
+    plain = (("block_n", 16), ("block_g", 16), ("num_warps", 4), ("num_stages", 1), ("max_m", 1),
+             ("packed", 1))  # fmt: skip
+    mma = (("mma", 1), ("tiles", tiles), ("mma_warps", warps), ("unroll", unroll))
+    return Tactic(f"dec_mma_t{tiles}_w{warps}_u{unroll}_m1", plain + mma)
+
+
 def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
     return Tactic(
         f"mm_m{bm}_n{bn}_k{bk}_w{w}_s{s}",
@@ -109,6 +118,11 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(8, 32, 4, 1, 1, packed=True, persist=4),
     _dec(4, 32, 4, 1, 1, packed=True, persist=5),
     _dec(8, 8, 2, 1, 1, packed=True, persist=6),
+    # on the tensor cores (w4a16_mma.py): 16 TILES rows a program, WARPS splitting K
+    *(
+        _dec_mma(tiles, warps, unroll)
+        for tiles, warps, unroll in ((1, 4, 2), (2, 4, 1), (1, 8, 1), (2, 8, 1))
+    ),
 )
 # the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel
 # (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`). From
@@ -660,7 +674,17 @@ def launch_w4a16(
                   BLOCK_N=bn, BLOCK_G=bg, MASKED=kb % bg != 0, GATED=gated, **common,
                   **norm_args(norm), **add_args(add), **({"PACKED": True} if packed else {}))  # fmt: skip
         args += (kb, x.stride(0), out.stride(0), _MAGIC, _MAGIC_BF16X2, _C136_BF16X2)
-        if params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
+        if mma_takes(x, params, gated, norm, add):
+            from . import w4a16_mma as wm
+
+            tiles, warps = int(params["tiles"]), int(params["mma_warps"])
+            wm._w4a16_mma_gemv_kernel[(triton.cdiv(N, 16 * tiles),)](
+                *args[:6], T, N, kb, x.stride(0), out.stride(0), wm.NEG136, wm.MAGIC2,
+                HAS_PQS=pqs is not None, HAS_BIAS=bias is not None,
+                BLOCKS_PER_GROUP=group_size // W4_BLOCK, WARPS=warps, TILES=tiles,
+                UNROLL=int(params["unroll"]), num_warps=warps, num_stages=1, **launch_options(),
+            )  # fmt: skip
+        elif params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
             from . import w4a16_persistent as wp
 
             grid = wp.resident_grid(triton.cdiv(N, bn), int(params["persist"]), x.device)
@@ -674,6 +698,19 @@ def launch_w4a16(
             GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, **common,
         )  # fmt: skip
     return out
+
+
+def mma_takes(x, params: dict, gated: bool = False, norm=None, add=None) -> bool:
+    """Whether a decode call runs the tensor-core GEMV (w4a16_mma.py): an `mma` tactic, bf16
+    x of at most 8 rows, nothing folded in (SwiGLU, when asked, runs before it)."""
+    return (
+        bool(params.get("mma"))
+        and x.dtype == torch.bfloat16
+        and x.shape[0] <= 8
+        and not gated
+        and norm is None
+        and add is None
+    )
 
 
 def add_args(add: AddOut | None) -> dict:
@@ -742,7 +779,8 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         block_k = W4_BLOCK if decode else int(params["block_k"])
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
-        if on_gpu and gated and not (decode and kernel_ok(x, *args, block_k, gated=True)):
+        if on_gpu and gated and not (decode and kernel_ok(x, *args, block_k, gated=True)
+                                     and not mma_takes(x[:, : x.shape[1] // 2], params)):  # fmt: skip
             x, gated = swiglu(x), False
         kernel = on_gpu and kernel_ok(x, *args, block_k, gated=gated)
         if not (kernel and decode and folds_ok(x, qweight, norm, add)):
