@@ -2,7 +2,7 @@
 an INT4 engine's AOT dry run records it. Its inline `mma.sync` runs once per tensor element
 and takes each lane's registers as that lane's fragments, so it is right only if Triton keeps
 element i of its [32 WARPS] operands on thread i: checked on the compiled TTGIR for every mma
-tactic, with and without PDL. (The arithmetic is checked in the interpreter,
+tactic, with and without PDL (which prefetches the first weights into L2 before its wait). (The arithmetic is checked in the interpreter,
 tests/test_quant_kernels_interp.py, and on a GPU, tests/test_gpu_quant.py.)"""
 
 from __future__ import annotations
@@ -61,5 +61,7 @@ def test_mma_operands_stay_one_element_a_thread(tactic, use_pdl, tmp_path):
         assert all(int(n) == 32 * warps and layouts[name] == one_a_thread for n, name in types)
     ptx = kernel.asm["ptx"]
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == len(mmas)
-    assert ("griddepcontrol.wait" in ptx) == use_pdl
+    assert ("griddepcontrol.wait" in ptx) == use_pdl == ("prefetch.global.L2" in ptx)
+    if use_pdl:  # the first pass's weights are asked for before the wait
+        assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
     assert kernel.asm["cubin"]
