@@ -100,3 +100,57 @@ else:
             again = qkv_rope_fused_vs_unfused(tactic, 1, 4, 2, 16, torch.bfloat16, K=K)
         for a, b in zip(plain["fused"], again["fused"], strict=True):
             assert torch.equal(a, b)
+
+    @pytest.mark.parametrize("K", [512, 1536])
+    def test_persistent_gemv_is_the_plain_kernel_over_tiles(K, monkeypatch):
+        """Resident programs (GEMV tactics with `persist`, plugins/gemm/gemv_persistent.py)
+        walking tiles pid, pid + 3, ... of 7, each prefetching its next chunk: the plain
+        kernel's bits with the same blocks (one and three chunks a tile: odd and even steps a
+        program), with and without PDL; SwiGLU-gated; FP8 weights with x quantized on load;
+        the folded norm and the residual add (the same residual and sums of squares). N not a
+        multiple of BLOCK_N runs the plain kernel."""
+        from ingot.plugins import resident
+        from ingot.plugins.gemm import gemv_persistent as gp
+        from ingot.plugins.gemm.fused_norm import AddOut, NormIn, new_sums
+
+        launches = []
+        kernel = gp._gemv_persistent_kernel
+
+        class Spy:
+            def __getitem__(self, grid):
+                return lambda *a, **kw: launches.append(grid) or kernel[grid](*a, **kw)
+
+        monkeypatch.setattr(resident, "resident_grid", lambda tiles, persist, dev: min(tiles, 3))
+        monkeypatch.setattr(gp, "_gemv_persistent_kernel", Spy())
+        gen = torch.Generator().manual_seed(K)
+        plain, persist = cuda.gemv_tactic(2, 512, 2, 1), cuda.gemv_tactic(2, 512, 2, 1, persist=4)
+        p, q = plain.as_dict(), persist.as_dict()
+        x = torch.randn(2, K, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(14, K, generator=gen) * K**-0.5).to(torch.bfloat16)
+        b = torch.randn(14, generator=gen).to(torch.bfloat16)
+        gate_up = torch.randn(2, 2 * K, generator=gen).to(torch.bfloat16)
+        for args in ((x, w, b, None), (gate_up, w, None, None)):
+            want = cuda.launch_gemv(*args, p, args[0] is gate_up)
+            assert torch.equal(cuda.launch_gemv(*args, q, args[0] is gate_up), want)
+            with pdl.scope(True):
+                assert torch.equal(cuda.launch_gemv(*args, q, args[0] is gate_up), want)
+        w8, s = (torch.randn(14, K, generator=gen) * 0.5).to(F8), torch.tensor(0.01)
+        f8 = [cuda.launch_gemv(gate_up, w8, None, None, prm, True, scales=(s, s),
+                               out_dtype=torch.bfloat16) for prm in (p, q)]  # fmt: skip
+        assert torch.equal(*f8) and f8[0].abs().max() > 0
+        sums = new_sums(2, 2, "cpu")
+        sums[0] = torch.tensor([[int(v * 2**32) for v in x.float().pow(2).sum(1)], [0, 0]])
+        norm = NormIn((torch.rand(K, generator=gen) + 0.5).to(torch.bfloat16), 1e-5, sums[0])
+        normed = [cuda.launch_gemv(x, w, None, None, prm, False, norm=norm) for prm in (p, q)]
+        assert torch.equal(*normed)
+        res, got = [torch.randn(2, 14, generator=gen).to(torch.bfloat16)] * 2, []
+        res = [r.clone() for r in res]
+        for prm, r in zip((p, q), res, strict=True):
+            sums[1].zero_()
+            cuda.launch_gemv(x, w, None, None, prm, False, add=AddOut(r, sums[1]))
+            got.append(sums[1].clone())
+        assert torch.equal(*res) and torch.equal(*got) and got[0].any()
+        assert len(launches) == 7
+        ragged = (x, w[:13], None, None)
+        assert torch.equal(cuda.launch_gemv(*ragged, q, False), cuda.launch_gemv(*ragged, p, False))
+        assert len(launches) == 7

@@ -398,12 +398,13 @@ else:
         residual add (the same residual and sums of squares). N not a multiple of BLOCK_N
         runs the plain kernel. (All of it for the first such tactic; the others' blocks with
         and without PDL on bf16 x at 3 chunks: the interpreter is slow.)"""
+        from ingot.plugins import resident
         from ingot.plugins.gemm.fused_norm import AddOut, NormIn, new_sums
         from ingot.plugins.quant import w4a16_persistent as wp
 
         torch.manual_seed(10)
-        grid, launched = wp.resident_grid, []
-        monkeypatch.setattr(wp, "resident_grid", lambda tiles, persist, dev: min(tiles, 3))
+        grid, launched = resident.resident_grid, []
+        monkeypatch.setattr(resident, "resident_grid", lambda tiles, persist, dev: min(tiles, 3))
         monkeypatch.setattr(wp, "_w4a16_gemv_persistent_kernel",
                             _Spy(wp._w4a16_gemv_persistent_kernel, launched))  # fmt: skip
         params = tactic.as_dict()

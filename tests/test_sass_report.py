@@ -79,3 +79,52 @@ def test_persistent_w4a16_gemv_programs_stay_resident():
         plain = t.name.removesuffix(f"_r{t.as_dict()['persist']}")
         if plain in per_weight:
             assert per_weight[t.name] <= 1.1 * per_weight[plain], (t.name, per_weight)
+
+
+def _gemv_registers(tactic, weight_dtype, use_pdl: bool, gated: bool, tmp_path) -> int:
+    """Registers a thread of the BF16 / FP8 GEMV `tactic` takes at Llama's qkv shape, compiled
+    for sm_90 as an engine's AOT dry run records it."""
+    import torch
+    import triton
+    from triton.compiler import make_backend
+
+    from ingot.compiler.kernel_bundle import recorded_launches
+    from ingot.plugins import aot, pdl
+    from ingot.plugins.gemm import cuda
+
+    N, K, meta = 6144, 4096, dict(device="meta")
+    fp8 = weight_dtype == torch.float8_e4m3fn
+    x_dtype = weight_dtype if fp8 and not gated else torch.bfloat16  # FP8: quantized before
+    x = torch.empty(1, 2 * K if gated else K, dtype=x_dtype, **meta)
+    scales = (torch.empty((), dtype=torch.float32, **meta),) * 2 if fp8 else None
+    with recorded_launches() as specs, pdl.scope(use_pdl):
+        cuda.launch_gemv(x, torch.empty(N, K, dtype=weight_dtype, **meta), None, None,
+                         tactic.as_dict(), gated, scales=scales, out_dtype=torch.bfloat16)  # fmt: skip
+    (spec,) = specs
+    assert spec.fn.endswith(":_gemv_persistent_kernel")
+    target = aot.parse_target("sm_90")
+    _, src, options = aot._replay(spec, make_backend(target))
+    with aot.use_cache_dir(tmp_path):
+        cubin = triton.compile(src, target=target, options=options.__dict__).asm["cubin"]
+    return _script("sass_w4a16").loop_body(cubin)[1]
+
+
+def test_persistent_bf16_and_fp8_gemvs_stay_resident(tmp_path):
+    """Each persistent BF16 and FP8 GEMV tactic's `persist` programs per SM fit in the SM's 64K
+    registers in the variants engines launch (plain, PDL, PDL with SwiGLU; FP8 with x quantized
+    before, or quantized as loaded with SwiGLU): the grid is one wave, as the tactic means it."""
+    import torch
+
+    from ingot.plugins.gemm import cuda
+    from ingot.plugins.quant import cuda_fp8
+
+    cases = [(t, torch.bfloat16) for t in cuda.GEMM_TACTICS if t.as_dict().get("persist")]
+    cases += [
+        (t, torch.float8_e4m3fn) for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("persist")
+    ]
+    assert len(cases) >= 4
+    for tactic, dt in cases:
+        p = tactic.as_dict()
+        for use_pdl, gated in ((False, False), (True, False), (True, True)):
+            regs = _gemv_registers(tactic, dt, use_pdl, gated, tmp_path)
+            assert regs * 32 * p["num_warps"] * p["persist"] <= 65536, (tactic.name, dt, regs)

@@ -686,9 +686,10 @@ def launch_w4a16(
                 UNROLL=int(params["unroll"]), num_warps=warps, num_stages=1, **launch_options(),
             )  # fmt: skip
         elif params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
+            from ..resident import resident_grid
             from . import w4a16_persistent as wp
 
-            grid = wp.resident_grid(triton.cdiv(N, bn), int(params["persist"]), x.device)
+            grid = resident_grid(triton.cdiv(N, bn), int(params["persist"]), x.device)
             wp._w4a16_gemv_persistent_kernel[(grid,)](*args, **kw)
         else:
             _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](*args, STAGES=stages, **kw)

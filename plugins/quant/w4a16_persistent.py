@@ -23,11 +23,11 @@ Not timed on a GPU yet: the build times these tactics beside the plain ones per 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from ..gemm.cuda import norm_scale
+from ..gemm.gemv_persistent import _advance
 from ..pdl import pdl_begin
 from .triton_w4a16 import _chunk, _gemv_store
 
@@ -52,13 +52,6 @@ def _load_step(qw_ptr, s_ptr, w_rows, s_rows, tile, g0, KB, rw, rs, live, S_PER:
         words = tl.load(w_at, eviction_policy="evict_first")
         sc = tl.load(s_at)
     return words, sc
-
-
-@triton.jit
-def _advance(c, tile, chunks, nprog):
-    """The step after (chunk c, tile): the tile's next chunk, or the next tile's first."""
-    last = c + 1 == chunks
-    return tl.where(last, 0, c + 1), tl.where(last, tile + nprog, tile)
 
 
 @triton.jit
@@ -140,19 +133,3 @@ def _step(words, sc, acc, c, tile, chunks, live, x_ptrs, p_ptrs, n_ptrs, rows, r
                         rm, mm, sums_ptr, sss, HAS_BIAS, ADD_OUT)  # fmt: skip
         acc = tl.zeros_like(acc)
     return acc
-
-
-_SMS: dict[int, int] = {}
-
-
-def resident_grid(tiles: int, persist: int, device: torch.device) -> int:
-    """Programs of a persistent launch: `persist` per SM of the device, at most one a tile.
-    Without a CUDA device (the interpreter, the AOT dry run on "meta") one SM's worth."""
-    if device.type == "cuda":
-        i = device.index if device.index is not None else torch.cuda.current_device()
-        if i not in _SMS:
-            _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-        sms = _SMS[i]
-    else:
-        sms = 1
-    return max(1, min(tiles, sms * persist))
