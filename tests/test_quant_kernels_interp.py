@@ -459,7 +459,8 @@ else:
         dequantized weight within fp32 rounding (the interpreter's bf16 casts truncate
         x * pqs); with it, the reference within 1e-2. x rows 1 to 8, rows past N (a partial
         tile), K past the warps' last full pass (blocks read again at scale 0), bias, PDL (the
-        same bits); SwiGLU runs before it; fp16 x takes the plain kernel."""
+        same bits); SwiGLU runs before it; fp16 x takes the plain kernel; the plugin runs it
+        for up to 8 rows of bf16 x."""
         from ingot.plugins.activation.triton_kernels import make_swiglu
         from ingot.plugins.quant import w4a16_mma as wm
 
@@ -492,6 +493,17 @@ else:
         assert len(launched) == 10
         args, ref = _w4_case(256, 32, 1, torch.float16, True)
         assert rel_err(_w4_run(args, params, True), ref) < 1e-2 and len(launched) == 10
+        # the plugin: up to 8 rows of bf16 x take it (past the tactic's max_m of 1), not fp16
+        for T, dt, runs in (
+            (5, torch.bfloat16, 11),
+            (8, torch.bfloat16, 12),
+            (5, torch.float16, 12),
+        ):
+            args, ref = _w4_case(256, 32, T, dt, False, pqs=False)
+            assert rel_err(fn(*args[:4], 128), ref) < 1e-2 and len(launched) == runs, (T, dt)
+        args, _ = _w4_case(256, 32, 9, torch.bfloat16, False, pqs=False)
+        fn(*args[:4], 128)  # 9 rows: the GEMM
+        assert len(launched) == 12  # (its bf16 tl.dot is not the interpreter's: no values)
 
     def test_w4a16_plugin_runs_the_kernels_on_cpu_tensors_in_the_interpreter():
         """Under the interpreter the plugin takes CPU tensors to its kernels (the GPU engine's

@@ -702,13 +702,16 @@ def launch_w4a16(
     return out
 
 
+MMA_ROWS = 8  # x rows the tensor-core GEMV takes (w4a16_mma.py: the MMA's n)
+
+
 def mma_takes(x, params: dict, gated: bool = False, norm=None, add=None) -> bool:
     """Whether a decode call runs the tensor-core GEMV (w4a16_mma.py): an `mma` tactic, bf16
     x of at most 8 rows, nothing folded in (SwiGLU, when asked, runs before it)."""
     return (
         bool(params.get("mma"))
         and x.dtype == torch.bfloat16
-        and x.shape[0] <= 8
+        and x.shape[0] <= MMA_ROWS
         and not gated
         and norm is None
         and add is None
@@ -776,7 +779,11 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         the SwiGLU kernel, then the GEMM. norm / add: the RMSNorm folded in (fused_norm.py:
         x is the residual stream / the output goes into add.residual, which is returned);
         the GEMV takes them, other calls apply them in torch around the plain GEMM."""
-        decode = x.dim() == 2 and x.shape[0] <= max_m
+        # the tensor-core GEMV takes up to 8 rows of bf16 x at the cost of one (the MMA's n):
+        # small decode batches run it rather than the GEMM (the other kernels keep max_m)
+        mma = dec.get("mma") and x.dtype == torch.bfloat16 and norm is None and add is None
+        rows = MMA_ROWS if mma else max_m
+        decode = x.dim() == 2 and x.shape[0] <= rows
         params = dec if decode else mm
         block_k = W4_BLOCK if decode else int(params["block_k"])
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
