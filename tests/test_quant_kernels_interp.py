@@ -469,7 +469,7 @@ else:
         monkeypatch.setattr(wm, "_w4a16_mma_gemv_kernel", _Spy(wm._w4a16_mma_gemv_kernel, launched))
         params = tactic.as_dict()
         for K, N, T, pqs, bias in ((256, 40, 1, False, False), (384, 32, 8, True, True),
-                                   (1152, 48, 3, False, True)):  # fmt: skip
+                                   (1152, 80, 3, False, True)):  # fmt: skip
             args, ref = _w4_case(K, N, T, torch.bfloat16, bias, pqs)
             x, qweight, scales, p, b = args
             out = _w4_run(args, params, True)

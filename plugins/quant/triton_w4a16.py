@@ -119,10 +119,18 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     _dec(4, 32, 4, 1, 1, packed=True, persist=5),
     _dec(8, 8, 2, 1, 1, packed=True, persist=6),
     # on the tensor cores (w4a16_mma.py): 16 TILES rows a program, WARPS splitting K, UNROLL
-    # blocks a warp in flight; one tile keeps N = 4,096 at 256 programs, two share x's work
+    # blocks a warp in flight; one tile keeps N = 4,096 at 256 programs, two or four (for
+    # gate_up's 28,672 rows) share x's work
     *(
         _dec_mma(tiles, warps, unroll)
-        for tiles, warps, unroll in ((1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 8, 1), (2, 4, 2))
+        for tiles, warps, unroll in (
+            (1, 4, 2),
+            (1, 8, 2),
+            (2, 4, 1),
+            (2, 8, 1),
+            (2, 4, 2),
+            (4, 4, 1),
+        )
     ),
 )
 # the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel

@@ -23,7 +23,7 @@ load): with one dimension past the lane's own registers, Triton keeps element i 
 and the inline `mma.sync`, which runs once per element, takes each lane's registers as that
 lane's fragments (`tests/test_w4a16_mma.py` checks the compiled layouts: a 5-D version put
 lanes across its other axes). Warps split K (warp w takes blocks (it * WARPS + w) * UNROLL +
-u); their sums are added at the end; a program owns 16 TILES rows (1 or 2). The x side (x
+u); their sums are added at the end; a program owns 16 TILES rows (1, 2 or 4). The x side (x
 and pre_quant_scale loads, their bf16x2 product, PRMT packing, the -136 MMAs) is per block
 and warp, shared by the tiles: sm_90 loop 2.1 instructions a weight with 2 tiles, 2.6-2.8
 with one (`scripts/sass_w4a16.py`), against 2.9 for the packed CUDA-core loop. bf16 x only,
@@ -170,6 +170,12 @@ def _interleave(lo, hi):
 
 
 @triton.jit
+def _rows(rows, N):
+    """Row indices as int64, rows past N clamped to row 0 (re-read, never stored)."""
+    return tl.where(rows < N, rows, 0).to(tl.int64)
+
+
+@triton.jit
 def _prefetch_l2(ptrs):
     """Each lane's 16 bytes at ptrs (a [32 WARPS] tensor) fetched into L2, nothing returned;
     nothing under the interpreter (no cache to warm)."""
@@ -231,7 +237,7 @@ def _w4a16_mma_gemv_kernel(
     WARPS: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """out[n, m] = sum_k (x[n, k] pqs[k]) (u[m, k] - 8) scales[m, k // G] (+ b[m]) for x rows
-    n < T <= 8 and this program's 16 TILES (1 or 2) weight rows (module docstring). Every
+    n < T <= 8 and this program's 16 TILES (1, 2 or 4) weight rows (module docstring). Every
     tensor is [32 WARPS] (or [32 WARPS, 4]: a lane's 16 or 8 bytes): one dimension, so Triton
     keeps element i on thread i. neg136 and magic2: -136.0 and 128.0 in both bf16 halves,
     at run time. PDL: the first pass's weights are prefetched into L2 before the wait (they
@@ -240,18 +246,23 @@ def _w4a16_mma_gemv_kernel(
     w, g, q = lane // 32, lane % 32 // 4, lane % 4
     v = tl.arange(0, 4)[None, :]
     rows = tl.program_id(0) * (16 * TILES) + g
-    lo0 = tl.where(rows < N, rows, 0).to(tl.int64)  # rows past N re-read row 0
-    hi0 = tl.where(rows + 8 < N, rows + 8, 0).to(tl.int64)
-    lo1 = tl.where(rows + 16 < N, rows + 16, 0).to(tl.int64)
-    hi1 = tl.where(rows + 24 < N, rows + 24, 0).to(tl.int64)
+    lo0, hi0 = _rows(rows, N), _rows(rows + 8, N)
+    lo1, hi1 = _rows(rows + 16, N), _rows(rows + 24, N)
+    lo2, hi2 = _rows(rows + 32, N), _rows(rows + 40, N)
+    lo3, hi3 = _rows(rows + 48, N), _rows(rows + 56, N)
     if PDL:
         for u in tl.static_range(UNROLL):
             first = qw_ptr + (tl.minimum(w * UNROLL + u, KB - 1) * 16 + 4 * q)
             _prefetch_l2(first + lo0 * (KB * 16))
             _prefetch_l2(first + hi0 * (KB * 16))
-            if TILES == 2:
+            if TILES >= 2:
                 _prefetch_l2(first + lo1 * (KB * 16))
                 _prefetch_l2(first + hi1 * (KB * 16))
+            if TILES == 4:
+                _prefetch_l2(first + lo2 * (KB * 16))
+                _prefetch_l2(first + hi2 * (KB * 16))
+                _prefetch_l2(first + lo3 * (KB * 16))
+                _prefetch_l2(first + hi3 * (KB * 16))
     pdl_begin(PDL)
     # x row n = g, lanes of rows n >= T reading row 0: D's columns past T are never stored
     x_row = tl.where(g < T, g, 0) * sxm
@@ -259,6 +270,8 @@ def _w4a16_mma_gemv_kernel(
     neg = tl.full([32 * WARPS], neg136, tl.int32)
     a0, a1, a2, a3 = zero, zero, zero, zero  # tile 0's sums: rows g, g + 8 x columns 2q, 2q + 1
     e0, e1, e2, e3 = zero, zero, zero, zero  # tile 1's
+    f0, f1, f2, f3 = zero, zero, zero, zero  # tile 2's
+    h0, h1, h2, h3 = zero, zero, zero, zero  # tile 3's
     for it in range(0, tl.cdiv(KB, WARPS * UNROLL)):
         for u in tl.static_range(UNROLL):
             blk = (it * WARPS + w) * UNROLL + u
@@ -271,7 +284,7 @@ def _w4a16_mma_gemv_kernel(
             pk1 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 1, HAS_PQS))
             pk2 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 2, HAS_PQS))
             pk3 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 3, HAS_PQS))
-            # the block's -136 sum x (every row's), each tile's sums start from it
+            # the block's -136 sum x (every row's), added to each tile's sums of the block
             c0, c1, c2, c3 = zero, zero, zero, zero
             for t in tl.static_range(4):
                 for s in tl.static_range(2):
@@ -281,13 +294,23 @@ def _w4a16_mma_gemv_kernel(
             a0, a1, a2, a3 = _tile_block(qw_ptr, s_ptr, lo0, hi0, blk, ok, wo, KB, pk0, pk1, pk2,
                                          pk3, c0, c1, c2, c3, a0, a1, a2, a3, magic2,
                                          BLOCKS_PER_GROUP)  # fmt: skip
-            if TILES == 2:
+            if TILES >= 2:
                 e0, e1, e2, e3 = _tile_block(qw_ptr, s_ptr, lo1, hi1, blk, ok, wo, KB, pk0, pk1,
                                              pk2, pk3, c0, c1, c2, c3, e0, e1, e2, e3,
                                              magic2, BLOCKS_PER_GROUP)  # fmt: skip
+            if TILES == 4:
+                f0, f1, f2, f3 = _tile_block(qw_ptr, s_ptr, lo2, hi2, blk, ok, wo, KB, pk0, pk1,
+                                             pk2, pk3, c0, c1, c2, c3, f0, f1, f2, f3,
+                                             magic2, BLOCKS_PER_GROUP)  # fmt: skip
+                h0, h1, h2, h3 = _tile_block(qw_ptr, s_ptr, lo3, hi3, blk, ok, wo, KB, pk0, pk1,
+                                             pk2, pk3, c0, c1, c2, c3, h0, h1, h2, h3,
+                                             magic2, BLOCKS_PER_GROUP)  # fmt: skip
     _store(a0, a1, a2, a3, rows, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
-    if TILES == 2:
+    if TILES >= 2:
         _store(e0, e1, e2, e3, rows + 16, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
+    if TILES == 4:
+        _store(f0, f1, f2, f3, rows + 32, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
+        _store(h0, h1, h2, h3, rows + 48, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
 
 
 @triton.jit
