@@ -42,13 +42,18 @@ def compile_gemv(params: dict, pqs: bool = True, kb: int = 32, **variant):
     if not persist:
         const["STAGES"] = params["num_stages"]
     const |= variant
-    # every other constexpr at its default (GATED, PDL, ...: off), never a runtime argument
-    const |= {q.name: q.default for q in fn.params if q.is_constexpr and q.name not in const}
+    opts = {"num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+    return _compile(fn, const, opts)
+
+
+def _compile(fn, const: dict, opts: dict):
+    """`fn` for sm_90 with these constexprs, every other at its default (GATED, PDL, ...:
+    off), never a runtime argument; pointers 16-byte aligned, KB and the strides too."""
+    const = const | {q.name: q.default for q in fn.params if q.is_constexpr and q.name not in const}
     sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
     idx = fn.arg_names.index
     attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}
     src = ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
-    opts = {"num_warps": params["num_warps"], "num_stages": params["num_stages"]}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
@@ -76,17 +81,12 @@ def loop_body(cubin: bytes, steady: bool = False) -> tuple[list[str], int]:
     return body, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
-def compile_mma(params: dict, pqs: bool = True, kb: int = 32):
+def compile_mma(params: dict, pqs: bool = True):
     """The tensor-core GEMV of an `mma` tactic for sm_90 (w4a16_mma.py)."""
-    fn = wm._w4a16_mma_gemv_kernel
     warps = params["mma_warps"]
     const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1, "WARPS": warps,
-             "TILES": params["tiles"], "UNROLL": params["unroll"], "PDL": False}  # fmt: skip
-    sig = {a: "constexpr" if a in const else _PTRS.get(a, "i32") for a in fn.arg_names}
-    idx = fn.arg_names.index
-    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}
-    src = ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+             "TILES": params["tiles"], "UNROLL": params["unroll"]}  # fmt: skip
+    return _compile(wm._w4a16_mma_gemv_kernel, const, {"num_warps": warps})
 
 
 def report() -> list[dict]:

@@ -193,8 +193,8 @@ def _prefetch_l2(ptrs):
 @triton.jit
 def _tile_block(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB, pk0, pk1, pk2, pk3, c0, c1,
                 c2, c3, a0, a1, a2, a3, magic2, BLOCKS_PER_GROUP: tl.constexpr):  # fmt: skip
-    """One block of one 16-row tile: its 8 MMAs from the block's -136 sums (c), scaled by
-    the rows' group scales and added to the tile's sums (a)."""
+    """One block of one 16-row tile: its 8 MMAs (two chains from zero) plus the block's -136
+    sums (c), scaled by the rows' group scales and added to the tile's sums (a)."""
     w_lo = _split4(tl.load(qw_ptr + (lo_rows * (KB * 16))[:, None] + wo,
                            eviction_policy="evict_first"))  # fmt: skip
     w_hi = _split4(tl.load(qw_ptr + (hi_rows * (KB * 16))[:, None] + wo,

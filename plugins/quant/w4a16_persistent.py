@@ -29,7 +29,7 @@ import triton.language as tl
 from ..gemm.cuda import norm_scale
 from ..gemm.gemv_persistent import _advance
 from ..pdl import pdl_begin
-from .triton_w4a16 import _chunk, _gemv_store
+from .triton_w4a16 import _chunk, _gemv_ptrs, _gemv_store
 
 
 @triton.jit
@@ -82,16 +82,11 @@ def _w4a16_gemv_persistent_kernel(
     a_words, a_sc = _load_step(qw_ptr, s_ptr, w_rows, s_rows, tile, 0, KB, rw, rs, 1, S_PER,
                                BLOCKS_PER_GROUP, BLOCK_N, MASKED)  # fmt: skip
     pdl_begin(PDL)
-    rm = tl.arange(0, BLOCK_M)
-    mm = rm < T
-    rm_c = tl.where(mm, rm, 0)
+    # x's side (the same for every tile; the first tile's weight pointers go unused)
+    _, _, rm, mm, rm_c, _, x_ptrs, p_ptrs, n_ptrs = _gemv_ptrs(
+        x_ptr, qw_ptr, pqs_ptr, wn_ptr, rows, T, N, KB, sxm, rw, BLOCK_M, NORM
+    )
     rstd = norm_scale(ss_ptr, rm_c, sss, KB * 128, eps, NORM, BLOCK_M)[:, None, None]
-    x_off = (rw // 16) * 128 + rw % 16  # as triton_w4a16._gemv_ptrs
-    x_ptrs = x_ptr + rm_c[:, None, None] * sxm + x_off
-    p_ptrs = pqs_ptr + x_off
-    n_ptrs = x_ptrs  # unused without NORM
-    if NORM:
-        n_ptrs = wn_ptr + x_off
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G * S_PER], tl.float32)
     c = 0
     for i in range(0, steps, 2):
