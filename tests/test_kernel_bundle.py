@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_shapes import LLAMA_3_1_8B
+from sm90 import compile_for_sm90
 
 triton = pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
@@ -123,10 +124,6 @@ def test_short_context_decode_graphs_launch_bundled_binaries(pdl):
 
 
 def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
-    from triton.compiler import make_backend
-
-    from ingot.plugins import aot
-
     small = dict(max_batch_size=4, max_seq_len=256, max_num_tokens=64, tokens_per_block=32)
     plain = _launches(BuildConfig(target="sm_90", **small))
     specs = _launches(BuildConfig(target="sm_90", pdl=True, **small))
@@ -146,10 +143,7 @@ def test_pdl_engine_records_and_compiles_pdl_variants(tmp_path):
     assert any(s.fn.endswith(":_prefill_kernel") for s in without)
     # they compile for sm_90 with the grid-dependency wait and trigger in their code
     gemv = next(s for s in specs if s.fn.endswith(":_gemv_kernel"))
-    target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(gemv, make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        ptx = triton.compile(src, target=target, options=options.__dict__)
+    ptx = compile_for_sm90(gemv, tmp_path)
     text = ptx.asm["ptx"]
     assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text
     assert ptx.metadata.launch_pdl
@@ -275,10 +269,7 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     and bundles it: every packed decode tactic launches the packed kernel for bf16 x (the
     plain one, or with `persist` the resident-program one), which ptxas assembles for sm_90
     on this machine."""
-    from triton.compiler import make_backend
-
     from ingot.compiler.kernel_bundle import recorded_launches
-    from ingot.plugins import aot
     from ingot.plugins.quant import triton_w4a16 as tw
     from ingot.plugins.quant import w4a16_persistent as wp
 
@@ -301,11 +292,8 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
     kernels = {"_w4a16_gemv_kernel": tw._w4a16_gemv_kernel,
                "_w4a16_gemv_persistent_kernel": wp._w4a16_gemv_persistent_kernel}  # fmt: skip
     assert all(_constexpr(s, kernels[s.fn.rsplit(":", 1)[-1]], "PACKED") for s in specs)
-    target = aot.parse_target("sm_90")
     for spec in (specs[0], specs[want.index("_w4a16_gemv_persistent_kernel")]):
-        _, src, options = aot._replay(spec, make_backend(target))
-        with aot.use_cache_dir(tmp_path):
-            kernel = triton.compile(src, target=target, options=options.__dict__)
+        kernel = compile_for_sm90(spec, tmp_path)
         ptx = kernel.asm["ptx"]
         assert "sub.rn.bf16x2" in ptx and ptx.count("fma.rn.bf16x2") >= 3 * 4
         assert kernel.asm["cubin"]
@@ -316,10 +304,7 @@ def test_packed_w4a16_gemv_assembles_for_sm90(tmp_path):
         tw.make_w4a16_linear(tw.combine_tactics(packed[0], tw.GEMM_TACTICS[0]))(
             x, qweight, scales, pqs, 128
         )
-    _, src, options = aot._replay(specs[0], make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        kernel = triton.compile(src, target=target, options=options.__dict__)
-    ptx = kernel.asm["ptx"]
+    ptx = compile_for_sm90(specs[0], tmp_path).asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "sub.rn.bf16x2" in ptx
 
 
@@ -329,10 +314,7 @@ def test_w4a16_dequant_gemm_launches_one_expansion_that_assembles_for_sm90(tmp_p
     them: Triton launches only of the weight's expansion (the GEMM is cuBLAS's), one or one a
     slab of rows (8 and 16 MiB of bf16 at K = 4,096), which compile for sm_90, so an INT4
     engine whose build picks one bundles it."""
-    from triton.compiler import make_backend
-
     from ingot.compiler.kernel_bundle import recorded_launches
-    from ingot.plugins import aot
     from ingot.plugins.quant import triton_w4a16 as tw
 
     tactic = {None: tw.DEQUANT_GEMM, 1024: tw.DEQUANT_CHUNKED[0], 2048: tw.DEQUANT_CHUNKED[1]}
@@ -347,11 +329,7 @@ def test_w4a16_dequant_gemm_launches_one_expansion_that_assembles_for_sm90(tmp_p
     assert out.shape == (512, N)
     launches = N // slab_rows if slab_rows else 1
     assert [s.fn.rsplit(":", 1)[-1] for s in specs] == ["_w4_dequant_kernel"] * launches
-    target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(specs[0], make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        kernel = triton.compile(src, target=target, options=options.__dict__)
-    assert kernel.asm["cubin"]
+    assert compile_for_sm90(specs[0], tmp_path).asm["cubin"]
 
 
 def test_int4_down_projection_fuses_swiglu_at_decode_sizes_only():

@@ -85,11 +85,10 @@ def _gemv_registers(tactic, weight_dtype, use_pdl: bool, gated: bool, tmp_path) 
     """Registers a thread of the BF16 / FP8 GEMV `tactic` takes at Llama's qkv shape, compiled
     for sm_90 as an engine's AOT dry run records it."""
     import torch
-    import triton
-    from triton.compiler import make_backend
+    from sm90 import compile_for_sm90
 
     from ingot.compiler.kernel_bundle import recorded_launches
-    from ingot.plugins import aot, pdl
+    from ingot.plugins import pdl
     from ingot.plugins.gemm import cuda
 
     N, K, meta = 6144, 4096, dict(device="meta")
@@ -102,10 +101,7 @@ def _gemv_registers(tactic, weight_dtype, use_pdl: bool, gated: bool, tmp_path) 
                          tactic.as_dict(), gated, scales=scales, out_dtype=torch.bfloat16)  # fmt: skip
     (spec,) = specs
     assert spec.fn.endswith(":_gemv_persistent_kernel")
-    target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(spec, make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        cubin = triton.compile(src, target=target, options=options.__dict__).asm["cubin"]
+    cubin = compile_for_sm90(spec, tmp_path).asm["cubin"]
     return _script("sass_w4a16").loop_body(cubin)[1]
 
 

@@ -11,11 +11,12 @@ import re
 
 import pytest
 import torch
+from sm90 import compile_for_sm90
 
 triton = pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
 from ingot.compiler.kernel_bundle import recorded_launches  # noqa: E402
-from ingot.plugins import aot, pdl  # noqa: E402
+from ingot.plugins import pdl  # noqa: E402
 from ingot.plugins.quant import triton_w4a16 as tw  # noqa: E402
 
 MMA = [t for t in tw.DECODE_TACTICS if t.as_dict().get("mma")]
@@ -23,8 +24,6 @@ MMA = [t for t in tw.DECODE_TACTICS if t.as_dict().get("mma")]
 
 def _compiled(tactic, tmp_path, use_pdl: bool, N: int = 6144, K: int = 4096):
     """The sm_90 kernel the tactic's batch-1 launch records (Llama-3.1-8B's qkv)."""
-    from triton.compiler import make_backend
-
     meta = dict(device="meta")
     x = torch.empty(1, K, dtype=torch.bfloat16, **meta)
     qweight = torch.empty(N, K // 8, dtype=torch.int32, **meta)
@@ -35,10 +34,7 @@ def _compiled(tactic, tmp_path, use_pdl: bool, N: int = 6144, K: int = 4096):
         fn(x, qweight, scales, pqs, 128)
     (spec,) = specs
     assert spec.fn.endswith(":_w4a16_mma_gemv_kernel")
-    target = aot.parse_target("sm_90")
-    _, src, options = aot._replay(spec, make_backend(target))
-    with aot.use_cache_dir(tmp_path):
-        return triton.compile(src, target=target, options=options.__dict__)
+    return compile_for_sm90(spec, tmp_path)
 
 
 @pytest.mark.parametrize("use_pdl", [False, True], ids=["plain", "pdl"])
