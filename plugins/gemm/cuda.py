@@ -42,16 +42,11 @@ _FINE = tl.constexpr(FINE)
 _COARSE_FROM = tl.constexpr(COARSE_FROM)
 
 
-def gemv_tactic(
-    bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1, persist: int = 0
-) -> Tactic:
-    """A GEMV tactic: BLOCK_N rows per program, BLOCK_K elements per step, up to max_m rows of x.
-    persist: that many resident programs per SM walking the tiles (gemv_persistent.py)."""
+def gemv_tactic(bn: int, bk: int, w: int, s: int, unroll: int = 1, max_m: int = 1) -> Tactic:
+    """A GEMV tactic: BLOCK_N rows per program, BLOCK_K elements per step, up to max_m rows of x."""
     name = f"gemv_n{bn}_k{bk}_w{w}_s{s}" + (f"_u{unroll}" if unroll != 1 else "")
     params = (("block_n", bn), ("block_k", bk), ("num_warps", w), ("num_stages", s),
               ("unroll", unroll), ("max_m", max_m))  # fmt: skip
-    if persist:
-        name, params = name + f"_r{persist}", params + (("persist", persist),)
     return Tactic(name, params)
 
 
@@ -72,12 +67,6 @@ GEMM_TACTICS: tuple[Tactic, ...] = (
     gemv_tactic(4, 1024, 4, 3, max_m=2),
     gemv_tactic(8, 512, 2, 4, max_m=4),
     gemv_tactic(8, 2048, 8, 2, max_m=1),
-    # resident programs walking the tiles, each loading its next chunk while it computes one
-    # (gemv_persistent.py); as many per SM as their registers keep resident (sm_90: 40, 66 and
-    # 80 a thread)
-    gemv_tactic(2, 2048, 8, 1, max_m=1, persist=4),
-    gemv_tactic(4, 1024, 4, 1, max_m=1, persist=6),
-    gemv_tactic(2, 4096, 8, 1, max_m=1, persist=3),
 )
 EMBEDDING_TACTICS: tuple[Tactic, ...] = (Tactic("torch"),)
 
@@ -447,20 +436,12 @@ def launch_gemv(
         if norm is not None and norm.sums.stride(0) != add.sums.stride(0):
             raise ValueError("fused norm: the NormIn and AddOut sums must share a layout")
         folded |= dict(ADD_OUT=True, sums_ptr=add.sums, sss=add.sums.stride(0))
-    bk = int(params["block_k"])
     args = (x, weight, bias if bias is not None else weight, sx, sw, out, T, N, K // vec,
             x.stride(0) // vec, weight.stride(0) // vec, out.stride(0))  # fmt: skip
     kw = dict(HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(T), BLOCK_N=bn,
-              BLOCK_K=bk, VEC=vec, GATED=gated, SCALED=scales is not None,
+              BLOCK_K=int(params["block_k"]), VEC=vec, GATED=gated, SCALED=scales is not None,
               QUANT_X=scales is not None and x.dtype != weight.dtype,
               num_warps=int(params["num_warps"]), num_stages=1, **folded)  # fmt: skip
-    if params.get("persist") and N % bn == 0 and K % bk == 0:
-        from ..resident import resident_grid
-        from .gemv_persistent import _gemv_persistent_kernel
-
-        grid = resident_grid(N // bn, int(params["persist"]), x.device)
-        _gemv_persistent_kernel[(grid,)](*args, **kw, **launch_options())
-        return out
     _gemv_kernel[(triton.cdiv(N, bn),)](
         *args, STAGES=int(params.get("num_stages", 1)), UNROLL=int(params.get("unroll", 1)), **kw,
         **gemv_pdl_options(K, weight.element_size(), params),

@@ -37,11 +37,6 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
     gemv_tactic(2, 2048, 4, 1, unroll=2, max_m=1),
     gemv_tactic(8, 2048, 4, 1, max_m=4),
     gemv_tactic(4, 4096, 8, 2, max_m=2),
-    # resident programs walking the tiles, each loading its next chunk while it computes one
-    # (plugins/gemm/gemv_persistent.py); as many per SM as their registers keep resident
-    # (sm_90: ~96 and 107 a thread)
-    gemv_tactic(2, 4096, 8, 1, max_m=1, persist=2),
-    gemv_tactic(2, 2048, 4, 1, max_m=1, persist=5),
 )
 
 

@@ -29,7 +29,12 @@ and warp, shared by the tiles: sm_90 loop 2.1 instructions a weight with 2 tiles
 with one (`scripts/sass_w4a16.py`), against 2.9 for the packed CUDA-core loop. bf16 x only,
 T <= 8; no folded norm or residual add, and SwiGLU runs as a kernel before it (the launcher
 and `mma_takes`). Under Triton's interpreter the MMA is emulated from the fragments' layout.
-Not timed on a GPU yet: the build times these tactics beside the others per site.
+On the H100 (2026-12-05): right (`tests/test_gpu_quant.py`), but at batch 1 slower than the
+CUDA-core GEMVs at every Llama site (qkv 12.3 us against 9.2, o 9.2 / 7.3, gate_up 36.0 /
+28.1, down 23.8 / 22.6; `scripts/bench_w4a16.py`): fewer instructions a weight did not make
+it faster, so issue is not its bound. Likely the bytes in flight: a lane loads a block's 32
+bytes a tile and waits for them, with no next block loaded before this one's MMAs (the
+persistent kernel keeps one chunk in flight). The build still times these tactics per site.
 """
 
 from __future__ import annotations

@@ -18,7 +18,10 @@ same bits (fp32 or PACKED loop, GATED, NORM, ADD_OUT, PDL as `triton_w4a16.w4a16
 N must be a multiple of BLOCK_N (the launcher runs the plain kernel otherwise): the loads
 carry no row masks, and the prefetch past a program's last step reads tile 0's first chunk
 (from L2: every program reads it there) instead of a masked, zero-filled load each step.
-Not timed on a GPU yet: the build times these tactics beside the plain ones per site.
+On the H100 (2026-12-05, `scripts/bench_w4a16.py`, L2 flushed) `_p_r8` was the fastest
+decode tactic at o (7.3 us, packed 8.0) and gate_up (28.1 us, 72% of the copy bandwidth; packed
+30.4), not at qkv or down; the build times them per site. (The same design for the BF16 and
+FP8 GEMVs was 5-15% slower than their plain kernels at every site there and was removed.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import triton
 import triton.language as tl
 
 from ..gemm.cuda import norm_scale
-from ..gemm.gemv_persistent import _advance
 from ..pdl import pdl_begin
 from .triton_w4a16 import _chunk, _gemv_ptrs, _gemv_store
 
@@ -52,6 +54,13 @@ def _load_step(qw_ptr, s_ptr, w_rows, s_rows, tile, g0, KB, rw, rs, live, S_PER:
         words = tl.load(w_at, eviction_policy="evict_first")
         sc = tl.load(s_at)
     return words, sc
+
+
+@triton.jit
+def _advance(c, tile, chunks, nprog):
+    """The step after (chunk c, tile): the tile's next chunk, or the next tile's first."""
+    last = c + 1 == chunks
+    return tl.where(last, 0, c + 1), tl.where(last, tile + nprog, tile)
 
 
 @triton.jit
