@@ -364,7 +364,9 @@ def timed_choices(
     def w4a16(site: str, n: int, k: int, bias: bool) -> PluginChoice:
         """A W4A16 tactic is a GEMV (decode) half and a GEMM (prefill) half: each is timed
         where it runs, the GEMV at batch 1, the GEMM at a prefill-sized batch, and the engine
-        runs the pair (timed together at batch 1, every pair sharing a GEMV tied)."""
+        runs the pair (timed together at batch 1, every pair sharing a GEMV tied); then,
+        when decode batches reach past the GEMV's rows, a small-batch half for up to 8 rows
+        (`triton_w4a16.combine_tactics`), kept only if faster than the pair there."""
         from ingot.plugins.quant import triton_w4a16 as tw
 
         name = "w4a16_gemm"
@@ -378,10 +380,20 @@ def timed_choices(
                        factory, predecessor(site), **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
                       factory, None, **check(name))  # fmt: skip
-        pair = tw.combine_tactics(tw.DECODE_TACTICS[decs.index(dec)],
-                                  tw.GEMM_TACTICS[mms.index(mm)])  # fmt: skip
+        dec, mm = tw.DECODE_TACTICS[decs.index(dec)], tw.GEMM_TACTICS[mms.index(mm)]
+        pair = tw.combine_tactics(dec, mm)
         record = [(Tactic(f"{t.name}@b1", t.params), ms) for t, ms in r1]
         record += [(Tactic(f"{t.name}@rows{rows}", t.params), ms) for t, ms in r2]
+        # decode batches past the GEMV's rows run the GEMM, which reads and expands the whole
+        # weight for them: a small-batch half may take them up to 8, timed against the pair
+        # at the largest such bucket (its worst case)
+        small = min(tw.MMA_ROWS, build.max_batch_size)
+        if small > int(dec.as_dict()["max_m"]) and not dec.as_dict().get("mma"):
+            cands = [pair] + [tw.combine_tactics(dec, mm, s) for s in tw.SMALL_TACTICS]
+            pair, r3 = best(name, cands, lambda: shapes.w4a16_gemm(n, k, bias, group_size, small,
+                                                                   gated=gated),
+                            factory, None, **check(name))  # fmt: skip
+            record += [(Tactic(f"{t.name}@rows{small}", t.params), ms) for t, ms in r3]
         return _choice(name, pair, site, record)
 
     # the GEMM plugins, timed per use site: (site, N, K, has_bias) -> choice

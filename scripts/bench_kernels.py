@@ -53,11 +53,15 @@ def measure_copy_bw() -> float:
     return 2 * a.numel() * 2 * 10 / (s.elapsed_time(e) * 1e-3)
 
 
-def bench_cli(doc: str, out: str, reps: int) -> tuple[argparse.Namespace, float]:
-    """A benchmark script's command line (--out, --reps) and the measured copy bandwidth."""
+def bench_cli(doc: str, out: str, reps: int, flags: tuple[tuple[str, str], ...] = ()
+              ) -> tuple[argparse.Namespace, float]:  # fmt: skip
+    """A benchmark script's command line (--out, --reps, and on/off `flags`: (name, help)) and
+    the measured copy bandwidth."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(out))
     ap.add_argument("--reps", type=int, default=reps)
+    for flag, text in flags:
+        ap.add_argument(flag, action="store_true", help=text)
     args = ap.parse_args()
     bw = measure_copy_bw()
     print(f"device {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s")

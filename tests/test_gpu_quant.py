@@ -310,6 +310,22 @@ def test_w4a16_mma_gemv_llama_shapes(tactic):
             assert torch.equal(again, out), (N, K, T)
 
 
+@pytest.mark.parametrize("small", tw.SMALL_TACTICS, ids=ids(tw.SMALL_TACTICS))
+def test_w4a16_small_batch_half_llama_shapes(small):
+    """The plugin with a small-batch half (combine_tactics(dec, mm, small)) at decode batches
+    of 2, 4 and 8 rows, the down projection gated ([gate | up], SwiGLU before the GEMV): within
+    W4_TOL of the reference at the Llama-3.1-8B sites; NaN poison in `out`."""
+    fn = tw.make_w4a16_linear(tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], small))
+    for N, K in SHAPES:
+        qweight, scales, pqs = _w4(N, K)
+        for T, gated in ((2, False), (4, True), (8, False), (8, True)):
+            x = torch.randn(T, 2 * K if gated else K, device=DEV, dtype=BF16)
+            out = torch.full((T, N), float("nan"), device=DEV, dtype=BF16)
+            fn(x, qweight, scales, pqs, 128, out=out, gated=gated)
+            ref = qref.w4a16_linear(x, qweight, scales, pqs, 128, gated=gated)
+            assert rel_err(out, ref) < W4_TOL, (N, K, T, gated)
+
+
 # a program's rows hold whole RoPE pairs: two rows or more
 W4_ROPE = [t for t in tw.DECODE_TACTICS if t.as_dict()["block_n"] >= 2]
 

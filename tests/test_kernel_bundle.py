@@ -402,6 +402,46 @@ def test_int4_engine_with_folded_norms_launches_bundled_binaries():
     assert binaries(specs) - binaries(plain)  # the batch-1 step ran folded variants
 
 
+def test_int4_small_batch_half_is_bundled_and_runs_batches_2_to_8():
+    """An INT4 engine whose w4a16_gemm tactics carry a small-batch half (an mma tactic) runs
+    the tensor-core GEMV at decode batches 2 and 4 where the pair alone runs the GEMM, batch
+    1 the decode GEMV; its bundle holds every binary those steps launch."""
+    from dataclasses import replace
+
+    from ingot.compiler import kernel_bundle as kb
+    from ingot.compiler.quantize.layout import checkpoint_layout
+    from ingot.plugins.quant import triton_w4a16 as tw
+    from ingot.plugins.quant import unused_plugins
+
+    m, q = LLAMA_3_1_8B, QuantConfig(mode="int4_awq")
+    b = BuildConfig(max_batch_size=4, max_seq_len=512, max_num_tokens=256,
+                    tokens_per_block=64, target="sm_90")  # fmt: skip
+    st = {"I32": torch.int32, "BF16": torch.bfloat16, "F32": torch.float32}
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    unused = unused_plugins(q.mode)
+    pair = default_choices("sm_90", m)
+    t = tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0])
+    small = tuple(replace(c, tactic=t.name, params=t.as_dict()) if c.name.startswith("w4a16") else c
+                  for c in pair if c.name not in unused)  # fmt: skip
+    pair = tuple(c for c in pair if c.name not in unused)
+    launched = {}
+    for name, choices in (("pair", pair), ("small", small)):
+        bundle = binaries(kb.engine_launches(m, q, b, choices, shapes))
+        decoder, kv = kb.dry_run_decoder(m, q, b, choices, shapes)
+        for n in (1, 2, 4):
+            specs = _decode_step_launches(decoder, kv, b, (n,))
+            assert binaries(specs) <= bundle, (name, n)
+            launched[name, n] = [s.fn.rsplit(":", 1)[-1] for s in specs]
+    mma, gemm = "_w4a16_mma_gemv_kernel", "_w4a16_mm_kernel"
+    layers = m.num_layers
+    for n in (2, 4):
+        assert launched["pair", n].count(gemm) == 4 * layers and mma not in launched["pair", n]
+        assert launched["small", n].count(mma) == 4 * layers and gemm not in launched["small", n]
+    assert launched["small", 1] == launched["pair", 1] and mma not in launched["small", 1]
+
+
 @pytest.mark.parametrize("mode", ["fp8", "int4_awq"])
 @pytest.mark.parametrize("fused_norms", [False, True])
 def test_quantized_engines_run_the_qkv_rope_gemv_at_decode_sizes(mode, fused_norms):

@@ -505,6 +505,39 @@ else:
         fn(*args[:4], 128)  # 9 rows: the GEMM
         assert len(launched) == 12  # (its bf16 tl.dot is not the interpreter's: no values)
 
+    def test_w4a16_small_batch_half_takes_2_to_8_rows(monkeypatch):
+        """A w4a16_gemm tactic with a small-batch half (combine_tactics(dec, mm, small)): one
+        row runs the decode GEMV; 2 to 8 rows of bf16 x the tensor-core GEMV (SwiGLU before
+        it for the down projection), where the pair alone runs the GEMM; fp16 x and 9 rows
+        the GEMM."""
+        from ingot.plugins.activation.triton_kernels import make_swiglu
+        from ingot.plugins.quant import w4a16_mma as wm
+
+        torch.manual_seed(12)
+        launched = []
+        monkeypatch.setattr(wm, "_w4a16_mma_gemv_kernel", _Spy(wm._w4a16_mma_gemv_kernel, launched))
+        dec, mm = tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0]
+        fn = tw.make_w4a16_linear(tw.combine_tactics(dec, mm, tw.SMALL_TACTICS[0]))
+        pair = tw.make_w4a16_linear(tw.combine_tactics(dec, mm))
+        for T, runs in ((1, 0), (2, 1), (8, 2)):
+            args, ref = _w4_case(256, 40, T, torch.bfloat16, True, pqs=False)
+            assert rel_err(fn(*args[:4], 128, None, args[4]), ref) < 1e-2, T
+            assert len(launched) == runs, T
+        args, ref = _w4_case(256, 40, 3, torch.bfloat16, True, pqs=False)
+        pair(*args[:4], 128, None, args[4])  # the GEMM (bf16 tl.dot: no values here)
+        assert len(launched) == 2
+        gate_up = torch.randn(4, 512).to(torch.bfloat16)
+        _, qweight, scales, pqs, _ = args
+        gated = fn(gate_up, qweight, scales, pqs, 128, gated=True)
+        assert len(launched) == 3
+        assert torch.equal(gated, fn(make_swiglu(None)(gate_up), qweight, scales, pqs, 128))
+        assert len(launched) == 4
+        args, ref = _w4_case(256, 40, 5, torch.float16, True, pqs=False)
+        assert rel_err(fn(*args[:4], 128, None, args[4]), ref) < 1e-2
+        args, _ = _w4_case(256, 40, 9, torch.bfloat16, True, pqs=False)
+        fn(*args[:4], 128, None, args[4])
+        assert len(launched) == 4
+
     def test_w4a16_plugin_runs_the_kernels_on_cpu_tensors_in_the_interpreter():
         """Under the interpreter the plugin takes CPU tensors to its kernels (the GPU engine's
         code paths on the CPU: tests/interp_gpu_paths.py), SwiGLU included."""

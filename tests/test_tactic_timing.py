@@ -322,51 +322,65 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     the GEMV candidates at batch 1 and the GEMM ones at a prefill-sized batch, per site, and
     keeps the fastest of each (timed together at batch 1, the GEMM half was a tie). The down
     projection's GEMV half is timed on [gate | up] with gated=True, as every INT4 engine runs
-    it."""
+    it. With decode batches past the GEMV's one row, the small-batch candidates (the pair, and
+    the pair with each tensor-core GEMV for 2-8 rows) are timed at the largest such batch
+    (8), gated for down; with max_batch_size 1 they are not."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
     from ingot.plugins.quant import triton_w4a16 as tw
 
-    calls, gemv_inputs = [], []
     init = tactic_select._Shapes.__init__
     monkeypatch.setattr(tactic_select._Shapes, "__init__",
                         lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
 
-    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **check):
-        assert name == "w4a16_gemm" and check["tolerance"] == 1e-2
-        gemm_half = len({c.name.split("+")[1] for c in cands}) > 1  # the GEMM halves differ
-        calls.append(gemm_half)
-        if not gemm_half:
-            args, kw = inputs()
-            gemv_inputs.append((tuple(args[0].shape), args[1].shape[0], kw))
-        best = 2 if gemm_half else 3  # the GEMM tactic 2, the GEMV tactic 3 fastest
-        return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)), key=lambda r: r[1])
+    def run(max_batch_size: int):
+        calls, gemv_inputs = [], []
 
-    monkeypatch.setattr(tactics, "time_tactics", fake_time)
-    build = BuildConfig(max_batch_size=8, max_seq_len=1024, max_num_tokens=2048,
-                        tokens_per_block=64, pdl=False)  # fmt: skip
-    skip = frozenset(s.name for s in all_specs() if s.name != "w4a16_gemm")
-    choices = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
-    sites = {c.site: c for c in choices if c.site is not None}
-    assert set(sites) == {"attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"}
-    assert calls == [False, True] * 4
+        def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **check):
+            assert name == "w4a16_gemm" and check["tolerance"] == 1e-2
+            small = any("+small_" in c.name for c in cands)
+            kind = "small" if small else len({c.name.split("+")[1] for c in cands}) > 1
+            calls.append(kind)
+            if kind is not True:
+                args, kw = inputs()
+                gemv_inputs.append((kind, tuple(args[0].shape), args[1].shape[0], kw))
+            best = {True: 2, False: 3, "small": 2}[kind]  # GEMM 2, GEMV 3, small 2 fastest
+            return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)),
+                          key=lambda r: r[1])  # fmt: skip
+
+        monkeypatch.setattr(tactics, "time_tactics", fake_time)
+        build = BuildConfig(max_batch_size=max_batch_size, max_seq_len=1024,
+                            max_num_tokens=2048, tokens_per_block=64, pdl=False)  # fmt: skip
+        skip = frozenset(s.name for s in all_specs() if s.name != "w4a16_gemm")
+        choices = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
+        sites = {c.site: c for c in choices if c.site is not None}
+        assert set(sites) == {"attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"}
+        return calls, gemv_inputs, sites
+
     m = LLAMA_3_1_8B
-    assert sorted(gemv_inputs, key=str) == sorted([
-        ((1, m.hidden_size), m.qkv_size, {}), ((1, m.q_size), m.hidden_size, {}),
-        ((1, m.hidden_size), 2 * m.intermediate_size, {}),
-        ((1, 2 * m.intermediate_size), m.hidden_size, {"gated": True}),
-    ], key=str)  # fmt: skip
-    want = tw.combine_tactics(tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[2])
+    inputs = lambda rows: [  # noqa: E731
+        ((rows, m.hidden_size), m.qkv_size, {}), ((rows, m.q_size), m.hidden_size, {}),
+        ((rows, m.hidden_size), 2 * m.intermediate_size, {}),
+        ((rows, 2 * m.intermediate_size), m.hidden_size, {"gated": True}),
+    ]  # fmt: skip
+    dec, mm = tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[2]
+    calls, gemv_inputs, sites = run(8)
+    assert calls == [False, True, "small"] * 4
+    timed = lambda kind: sorted((g[1:] for g in gemv_inputs if g[0] == kind), key=str)  # noqa: E731
+    assert timed(False) == sorted(inputs(1), key=str)
+    assert timed("small") == sorted(inputs(8), key=str)
+    want = tw.combine_tactics(dec, mm, tw.SMALL_TACTICS[1])  # candidate 2: after the pair
     for c in sites.values():
         assert (c.tactic, c.params) == (want.name, want.as_dict())
-        assert (
-            f"{tw.combine_tactics(tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[0]).name}@b1"
-            in c.timings_ms
-        )
-        assert (
-            f"{tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[2]).name}@rows512"
-            in c.timings_ms
-        )
+        assert f"{tw.combine_tactics(dec, tw.GEMM_TACTICS[0]).name}@b1" in c.timings_ms
+        assert f"{tw.combine_tactics(tw.DECODE_TACTICS[0], mm).name}@rows512" in c.timings_ms
+        assert f"{tw.combine_tactics(dec, mm).name}@rows8" in c.timings_ms
+    calls, gemv_inputs, sites = run(1)
+    assert calls == [False, True] * 4
+    want = tw.combine_tactics(dec, mm)
+    assert {(c.tactic, tuple(sorted(c.params.items()))) for c in sites.values()} == {
+        (want.name, tuple(sorted(want.as_dict().items())))
+    }
 
 
 def test_a_reference_that_cannot_run_leaves_the_candidates_unchecked(monkeypatch):

@@ -171,10 +171,22 @@ GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interl
 )
 
 
-def combine_tactics(dec: Tactic, mm: Tactic) -> Tactic:
+def combine_tactics(dec: Tactic, mm: Tactic, small: Tactic | None = None) -> Tactic:
+    """A w4a16_gemm tactic: the GEMV `dec` for decode rows (up to its max_m), the GEMM `mm` for
+    more; small: an `mma` tactic (SMALL_TACTICS) that takes the rows past max_m up to
+    MMA_ROWS (decode batches of 2-8, short prompts) instead of the GEMM."""
     params = tuple(("dec_" + k, v) for k, v in dec.params)
     params += tuple(("mm_" + k, v) for k, v in mm.params)
-    return Tactic(f"{dec.name}+{mm.name}", params)
+    if small is None:
+        return Tactic(f"{dec.name}+{mm.name}", params)
+    params += tuple(("sb_" + k, v) for k, v in small.params)
+    return Tactic(f"{dec.name}+{mm.name}+small_{small.name}", params)
+
+
+# the small-batch half's candidates: the tensor-core GEMV takes up to 8 rows of x at about the
+# cost of one, where the GEMM reads and expands the whole weight for them (the build times
+# them against the GEMM at the largest of those decode buckets)
+SMALL_TACTICS: tuple[Tactic, ...] = tuple(t for t in DECODE_TACTICS if t.as_dict().get("mma"))
 
 
 W4A16_TACTICS: tuple[Tactic, ...] = tuple(
@@ -627,6 +639,12 @@ def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
     return dec or DECODE_TACTICS[0].as_dict(), mm or GEMM_TACTICS[0].as_dict()
 
 
+def _small_params(tactic: Tactic | None) -> dict:
+    """The small-batch half's parameters ({} without one: those rows run the GEMM)."""
+    p = tactic.as_dict() if tactic is not None else {}
+    return {k[3:]: v for k, v in p.items() if k.startswith("sb_")}
+
+
 def kernel_ok(
     x, qweight, scales, pre_quant_scale, group_size, zeros, bias, block_k: int, gated=False
 ) -> bool:
@@ -764,6 +782,7 @@ def make_w4a16_linear(tactic: Tactic | None = None):
     from ..activation.triton_kernels import make_swiglu
 
     dec, mm = _split_params(tactic)
+    small = _small_params(tactic)
     max_m = int(dec.get("max_m", 1))
     swiglu = make_swiglu(None)
 
@@ -788,11 +807,14 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         x is the residual stream / the output goes into add.residual, which is returned);
         the GEMV takes them, other calls apply them in torch around the plain GEMM."""
         # the tensor-core GEMV takes up to 8 rows of bf16 x at the cost of one (the MMA's n):
-        # small decode batches run it rather than the GEMM (the other kernels keep max_m)
-        mma = dec.get("mma") and x.dtype == torch.bfloat16 and norm is None and add is None
-        rows = MMA_ROWS if mma else max_m
+        # small decode batches run it rather than the GEMM, as the decode half (an mma one)
+        # or as the small-batch half past the decode half's max_m
+        mma_ok = x.dim() == 2 and x.dtype == torch.bfloat16 and norm is None and add is None
+        rows = MMA_ROWS if dec.get("mma") and mma_ok else max_m
         decode = x.dim() == 2 and x.shape[0] <= rows
         params = dec if decode else mm
+        if not decode and small and mma_ok and x.shape[0] <= MMA_ROWS:
+            decode, params = True, small
         block_k = W4_BLOCK if decode else int(params["block_k"])
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
