@@ -85,7 +85,8 @@ def compile_mma(params: dict, pqs: bool = True):
     """The tensor-core GEMV of an `mma` tactic for sm_90 (w4a16_mma.py)."""
     warps = params["mma_warps"]
     const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1, "WARPS": warps,
-             "TILES": params["tiles"], "UNROLL": params["unroll"]}  # fmt: skip
+             "TILES": params["tiles"], "UNROLL": params["unroll"],
+             "PREFETCH": bool(params.get("prefetch"))}  # fmt: skip
     return _compile(wm._w4a16_mma_gemv_kernel, const, {"num_warps": warps})
 
 

@@ -72,13 +72,18 @@ def _dec(
     return Tactic(name, params)
 
 
-def _dec_mma(tiles: int, warps: int, unroll: int) -> Tactic:
+def _dec_mma(tiles: int, warps: int, unroll: int, prefetch: bool = False) -> Tactic:
     """The tensor-core GEMV (bf16 x, up to 8 rows); what it does not take (other dtypes, more
-    rows) runs the packed n16 GEMV of the same tactic, as the first tactic does."""
+    rows) runs the packed n16 GEMV of the same tactic, as the first tactic does. prefetch:
+    each block's words loaded a pass ahead (one tile only)."""
+    assert not prefetch or (tiles == 1 and unroll <= 2)
     plain = (("block_n", 16), ("block_g", 16), ("num_warps", 4), ("num_stages", 1), ("max_m", 1),
              ("packed", 1))  # fmt: skip
     mma = (("mma", 1), ("tiles", tiles), ("mma_warps", warps), ("unroll", unroll))
-    return Tactic(f"dec_mma_t{tiles}_w{warps}_u{unroll}_m1", plain + mma)
+    name = f"dec_mma_t{tiles}_w{warps}_u{unroll}_m1"
+    if prefetch:
+        name, mma = name + "_pf", mma + (("prefetch", 1),)
+    return Tactic(name, plain + mma)
 
 
 def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
@@ -132,6 +137,10 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
             (4, 4, 1),
         )
     ),
+    # the H100 timed the ones above slower than the CUDA-core GEMVs at every site though they
+    # issue fewer instructions: these keep the next pass's weights in flight (PREFETCH)
+    _dec_mma(1, 4, 2, prefetch=True),
+    _dec_mma(1, 8, 2, prefetch=True),
 )
 # the dequantize-then-cuBLAS GEMM: the weight expanded to the model dtype by a Triton kernel
 # (BLOCK_N rows of one 128-k block a program), then one cuBLAS GEMM (`_dequant_matmul`). From
@@ -709,7 +718,8 @@ def launch_w4a16(
                 *args[:6], T, N, kb, x.stride(0), out.stride(0), wm.NEG136, wm.MAGIC2,
                 HAS_PQS=pqs is not None, HAS_BIAS=bias is not None,
                 BLOCKS_PER_GROUP=group_size // W4_BLOCK, WARPS=warps, TILES=tiles,
-                UNROLL=int(params["unroll"]), num_warps=warps, num_stages=1, **launch_options(),
+                UNROLL=int(params["unroll"]), PREFETCH=bool(params.get("prefetch")),
+                num_warps=warps, num_stages=1, **launch_options(),
             )  # fmt: skip
         elif params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
             from ..resident import resident_grid

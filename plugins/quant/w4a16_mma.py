@@ -34,7 +34,8 @@ CUDA-core GEMVs at every Llama site (qkv 12.3 us against 9.2, o 9.2 / 7.3, gate_
 28.1, down 23.8 / 22.6; `scripts/bench_w4a16.py`): fewer instructions a weight did not make
 it faster, so issue is not its bound. Likely the bytes in flight: a lane loads a block's 32
 bytes a tile and waits for them, with no next block loaded before this one's MMAs (the
-persistent kernel keeps one chunk in flight). The build still times these tactics per site.
+persistent kernel keeps one chunk in flight). The build still times these tactics per site;
+the `_pf` ones (PREFETCH) load each block a pass ahead (not timed yet).
 """
 
 from __future__ import annotations
@@ -196,17 +197,23 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _tile_block(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB, pk0, pk1, pk2, pk3, c0, c1,
-                c2, c3, a0, a1, a2, a3, magic2, BLOCKS_PER_GROUP: tl.constexpr):  # fmt: skip
-    """One block of one 16-row tile: its 8 MMAs (two chains from zero) plus the block's -136
-    sums (c), scaled by the rows' group scales and added to the tile's sums (a)."""
-    w_lo = _split4(tl.load(qw_ptr + (lo_rows * (KB * 16))[:, None] + wo,
-                           eviction_policy="evict_first"))  # fmt: skip
-    w_hi = _split4(tl.load(qw_ptr + (hi_rows * (KB * 16))[:, None] + wo,
-                           eviction_policy="evict_first"))  # fmt: skip
+def _tile_load(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB, BLOCKS_PER_GROUP: tl.constexpr):
+    """One block of one 16-row tile, loaded: a lane's 4 words of rows g and g + 8 ([n, 4]) and
+    their group scales (0 for a block past K)."""
+    w_lo = tl.load(qw_ptr + (lo_rows * (KB * 16))[:, None] + wo, eviction_policy="evict_first")
+    w_hi = tl.load(qw_ptr + (hi_rows * (KB * 16))[:, None] + wo, eviction_policy="evict_first")
     sg = KB // BLOCKS_PER_GROUP
     s_lo = tl.where(ok, tl.load(s_ptr + lo_rows * sg + blk // BLOCKS_PER_GROUP), 0.0)
     s_hi = tl.where(ok, tl.load(s_ptr + hi_rows * sg + blk // BLOCKS_PER_GROUP), 0.0)
+    return w_lo, w_hi, s_lo, s_hi
+
+
+@triton.jit
+def _tile_mma(w_lo, w_hi, s_lo, s_hi, pk0, pk1, pk2, pk3, c0, c1, c2, c3, a0, a1, a2, a3, magic2):
+    """A loaded block's 8 MMAs (two chains from zero) plus the block's -136 sums (c), scaled
+    by the rows' group scales and added to the tile's sums (a)."""
+    w_lo = _split4(w_lo)
+    w_hi = _split4(w_hi)
     # two chains of 4 dependent MMAs (s = 0, 1), each from zero: with the -136 chain, three
     # run side by side rather than one of 16
     d0, d1, d2, d3 = _tile_chain(w_lo, w_hi, pk0, pk1, 0, magic2)
@@ -218,6 +225,26 @@ def _tile_block(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB, pk0, pk1, pk2,
     a2 += s_hi * ((d2 + f2) + c2)
     a3 += s_hi * ((d3 + f3) + c3)
     return a0, a1, a2, a3
+
+
+@triton.jit
+def _tile_block(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB, pk0, pk1, pk2, pk3, c0, c1,
+                c2, c3, a0, a1, a2, a3, magic2, BLOCKS_PER_GROUP: tl.constexpr):  # fmt: skip
+    """One block of one 16-row tile: loaded, then its MMAs added to the tile's sums (a)."""
+    w_lo, w_hi, s_lo, s_hi = _tile_load(qw_ptr, s_ptr, lo_rows, hi_rows, blk, ok, wo, KB,
+                                        BLOCKS_PER_GROUP)  # fmt: skip
+    return _tile_mma(w_lo, w_hi, s_lo, s_hi, pk0, pk1, pk2, pk3, c0, c1, c2, c3, a0, a1, a2, a3,
+                     magic2)  # fmt: skip
+
+
+@triton.jit
+def _block_at(it, w, u: tl.constexpr, q, v, KB, WARPS: tl.constexpr, UNROLL: tl.constexpr):
+    """Warp w's block u of pass `it` (block 0 past K, `ok` false) and a lane's word offsets in
+    it (words 4q .. 4q + 3)."""
+    blk = (it * WARPS + w) * UNROLL + u
+    ok = blk < KB  # past K: block 0 read again, its scales taken as 0
+    blk = tl.where(ok, blk, 0)
+    return blk, ok, (blk * 16 + 4 * q)[:, None] + v
 
 
 @triton.jit
@@ -240,13 +267,16 @@ def _w4a16_mma_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, neg136, magic2,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     WARPS: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """out[n, m] = sum_k (x[n, k] pqs[k]) (u[m, k] - 8) scales[m, k // G] (+ b[m]) for x rows
     n < T <= 8 and this program's 16 TILES (1, 2 or 4) weight rows (module docstring). Every
     tensor is [32 WARPS] (or [32 WARPS, 4]: a lane's 16 or 8 bytes): one dimension, so Triton
     keeps element i on thread i. neg136 and magic2: -136.0 and 128.0 in both bf16 halves,
     at run time. PDL: the first pass's weights are prefetched into L2 before the wait (they
-    never depend on the kernel before), its loads after it then hit L2."""
+    never depend on the kernel before), its loads after it then hit L2. PREFETCH (TILES 1,
+    UNROLL <= 2): each block's words and scales are loaded a pass ahead, so a warp has its
+    next pass's bytes in flight while it runs this one's MMAs (same sums, same bits)."""
     lane = tl.arange(0, 32 * WARPS)
     w, g, q = lane // 32, lane % 32 // 4, lane % 4
     v = tl.arange(0, 4)[None, :]
@@ -277,11 +307,30 @@ def _w4a16_mma_gemv_kernel(
     e0, e1, e2, e3 = zero, zero, zero, zero  # tile 1's
     f0, f1, f2, f3 = zero, zero, zero, zero  # tile 2's
     h0, h1, h2, h3 = zero, zero, zero, zero  # tile 3's
+    if PREFETCH:  # tile 0's blocks of the first pass, loaded ahead (UNROLL <= 2, TILES == 1)
+        blk, ok, wo = _block_at(0, w, 0, q, v, KB, WARPS, UNROLL)
+        wl0, wh0, sl0, sh0 = _tile_load(qw_ptr, s_ptr, lo0, hi0, blk, ok, wo, KB, BLOCKS_PER_GROUP)
+        wl1, wh1, sl1, sh1 = wl0, wh0, sl0, sh0
+        if UNROLL == 2:
+            blk, ok, wo = _block_at(0, w, 1, q, v, KB, WARPS, UNROLL)
+            wl1, wh1, sl1, sh1 = _tile_load(qw_ptr, s_ptr, lo0, hi0, blk, ok, wo, KB,
+                                            BLOCKS_PER_GROUP)  # fmt: skip
     for it in range(0, tl.cdiv(KB, WARPS * UNROLL)):
         for u in tl.static_range(UNROLL):
-            blk = (it * WARPS + w) * UNROLL + u
-            ok = blk < KB  # past K: block 0 read again, its scales taken as 0
-            blk = tl.where(ok, blk, 0)
+            blk, ok, wo = _block_at(it, w, u, q, v, KB, WARPS, UNROLL)
+            if PREFETCH:  # this block's words, loaded a pass ago; the next pass's go out now
+                nblk, nok, nwo = _block_at(it + 1, w, u, q, v, KB, WARPS, UNROLL)
+                if u == 0:
+                    w_lo, w_hi, s_lo, s_hi = wl0, wh0, sl0, sh0
+                    wl0, wh0, sl0, sh0 = _tile_load(qw_ptr, s_ptr, lo0, hi0, nblk, nok, nwo, KB,
+                                                    BLOCKS_PER_GROUP)  # fmt: skip
+                else:
+                    w_lo, w_hi, s_lo, s_hi = wl1, wh1, sl1, sh1
+                    wl1, wh1, sl1, sh1 = _tile_load(qw_ptr, s_ptr, lo0, hi0, nblk, nok, nwo, KB,
+                                                    BLOCKS_PER_GROUP)  # fmt: skip
+            else:
+                w_lo, w_hi, s_lo, s_hi = _tile_load(qw_ptr, s_ptr, lo0, hi0, blk, ok, wo, KB,
+                                                    BLOCKS_PER_GROUP)  # fmt: skip
             # x at k = 128 blk + 16 j + 4q + t (t = 0..3: a lane's 4 consecutive k)
             k_off = (blk * 128 + 4 * q)[:, None] + v
             x_off = x_row[:, None] + k_off
@@ -295,10 +344,8 @@ def _w4a16_mma_gemv_kernel(
                 for s in tl.static_range(2):
                     c0, c1, c2, c3 = _mma(neg, neg, neg, neg, pk0[t] if s == 0 else pk2[t],
                                           pk1[t] if s == 0 else pk3[t], c0, c1, c2, c3)  # fmt: skip
-            wo = (blk * 16 + 4 * q)[:, None] + v  # words 4q .. 4q + 3 of the block
-            a0, a1, a2, a3 = _tile_block(qw_ptr, s_ptr, lo0, hi0, blk, ok, wo, KB, pk0, pk1, pk2,
-                                         pk3, c0, c1, c2, c3, a0, a1, a2, a3, magic2,
-                                         BLOCKS_PER_GROUP)  # fmt: skip
+            a0, a1, a2, a3 = _tile_mma(w_lo, w_hi, s_lo, s_hi, pk0, pk1, pk2, pk3, c0, c1, c2,
+                                       c3, a0, a1, a2, a3, magic2)  # fmt: skip
             if TILES >= 2:
                 e0, e1, e2, e3 = _tile_block(qw_ptr, s_ptr, lo1, hi1, blk, ok, wo, KB, pk0, pk1,
                                              pk2, pk3, c0, c1, c2, c3, e0, e1, e2, e3,
