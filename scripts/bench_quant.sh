@@ -15,7 +15,8 @@
 # 2048x2048", input x output; the longest last, so a call cut short keeps the others);
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
 # (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
-# the batch-1 decode; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
+# the batch-1 decode; SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
+# batch sizes; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
 # build-engine flags for every mode (e.g. "--pdl --fused-norms").
 set -euo pipefail
@@ -83,8 +84,11 @@ import json
 import sys
 
 ckpt, engine = (json.load(open(p)) for p in sys.argv[1:])
+# the tactic picked per op and GEMM site, and the timings that picked it
+tactics = {p["name"] + (f"@{p['site']}" if p["site"] else ""): {"tactic": p["tactic"],
+           "ms": p["timings_ms"]} for p in engine["plugins"]}
 print(json.dumps({"convert": (ckpt.get("quant_report") or {}).get("seconds"),
-                  "build": engine["extra"].get("build_seconds")}, indent=2))
+                  "build": engine["extra"].get("build_seconds"), "tactics": tactics}, indent=2))
 PY
   rm -rf "$work/ckpt-$mode"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
@@ -92,6 +96,11 @@ PY
   if [[ -n "${COMPARE_PIPELINE:-}" ]]; then  # the same point with the executor unpipelined
     ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
       --output-dir "$out/$mode/no_pipeline" --no-pipeline --force
+  fi
+  if [[ -n "${SWEEP_BATCHES:-}" ]]; then  # small batches: 128/128 at each batch size, e.g. 1,2,4,8
+    # NOTE: a folder beside $out/$mode: the device tool returns files at most 2 folders down
+    ingot bench --engine-dir "$work/engine-$mode" throughput --input-len 128 --output-len 128 \
+      --batch-sizes "$SWEEP_BATCHES" --output-dir "$out/${mode}_sweep" --force
   fi
   if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
@@ -143,6 +152,17 @@ for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
             # where the run's time went: decode-only / prefill-only / mixed steps
             row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
             row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
+    sweep = out / f"{mode}_sweep" / "throughput.json"
+    if sweep.is_file():  # SWEEP_BATCHES: 128/128 at each batch size
+        row["sweep"] = {
+            str(r["batch_size"]): {
+                "decode_tok_s": (r["ingot"].get("decode") or {}).get("tok_s"),
+                "output_tok_s": r["ingot"]["output_tok_s"],
+                "itl_p50_ms": r["ingot"]["itl_ms"]["p50"],
+                "ttft_p50_ms": r["ingot"]["ttft_ms"]["p50"],
+            }
+            for r in json.loads(sweep.read_text())["results"]
+        }
     summary[mode] = row
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
