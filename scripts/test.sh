@@ -10,4 +10,9 @@ python3 -m pip install -q -e ".[test]"
 # style first (fast): ruff for Python, clang-format for the C++ core
 python3 -m ruff check . && python3 -m ruff format --check . > /dev/null
 clang-format --dry-run --Werror runtime/csrc/*.cpp runtime/csrc/*.h
-python3 -m pytest -q -m "not gpu" "$@"
+# NOTE: one worker a core (TEST_WORKERS=0: in this process); the interpreter reruns and the
+# engine tests are long, so two workers take about half the time; one torch thread each, as
+# two workers' default threads a core each would make four on this machine kind's two cores
+workers=${TEST_WORKERS:-auto}
+[[ "$workers" == 0 ]] || export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+python3 -m pytest -q -m "not gpu" -n "$workers" "$@"
