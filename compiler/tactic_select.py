@@ -366,7 +366,8 @@ def timed_choices(
         where it runs, the GEMV at batch 1, the GEMM at a prefill-sized batch, and the engine
         runs the pair (timed together at batch 1, every pair sharing a GEMV tied); then,
         when decode batches reach past the GEMV's rows, a small-batch half for up to 8 rows
-        (`triton_w4a16.combine_tactics`), kept only if faster than the pair there."""
+        and a medium-batch half for up to 64 (`triton_w4a16.combine_tactics`), each kept only
+        if faster than what runs there without it."""
         from ingot.plugins.quant import triton_w4a16 as tw
 
         name = "w4a16_gemm"
@@ -387,13 +388,26 @@ def timed_choices(
         # decode batches past the GEMV's rows run the GEMM, which reads and expands the whole
         # weight for them: a small-batch half may take them up to 8, timed against the pair
         # at the largest such bucket (its worst case)
-        small = min(tw.MMA_ROWS, build.max_batch_size)
-        if small > int(dec.as_dict()["max_m"]) and not dec.as_dict().get("mma"):
+        small, sb, taken = min(tw.MMA_ROWS, build.max_batch_size), None, int(dec.as_dict()["max_m"])
+        if dec.as_dict().get("mma"):
+            taken = tw.MMA_ROWS
+        if small > taken:
             cands = [pair] + [tw.combine_tactics(dec, mm, s) for s in tw.SMALL_TACTICS]
             pair, r3 = best(name, cands, lambda: shapes.w4a16_gemm(n, k, bias, group_size, small,
                                                                    gated=gated),
                             factory, None, **check(name))  # fmt: skip
             record += [(Tactic(f"{t.name}@rows{small}", t.params), ms) for t, ms in r3]
+            if pair != cands[0]:
+                sb, taken = tw.SMALL_TACTICS[cands.index(pair) - 1], tw.MMA_ROWS
+        # batches past those up to MID_ROWS: a split-K GEMM, timed against what runs there
+        # otherwise (the GEMM half) at the largest such bucket
+        mid = min(tw.MID_ROWS, build.max_batch_size)
+        if mid > taken:
+            cands = [pair] + [tw.combine_tactics(dec, mm, sb, m) for m in tw.MID_TACTICS]
+            pair, r4 = best(name, cands, lambda: shapes.w4a16_gemm(n, k, bias, group_size, mid,
+                                                                   gated=gated),
+                            factory, None, **check(name))  # fmt: skip
+            record += [(Tactic(f"{t.name}@rows{mid}", t.params), ms) for t, ms in r4]
         return _choice(name, pair, site, record)
 
     # the GEMM plugins, timed per use site: (site, N, K, has_bias) -> choice

@@ -25,6 +25,15 @@ class Tactic:
         return dict(self.params)
 
 
+def joined_tactic(*halves: tuple[str, Tactic | None, str]) -> Tactic:
+    """One tactic made of several kernels' tactics (prefix, tactic, label): each one's
+    parameters under `prefix`, the names joined by '+' with each label before its name;
+    None halves left out (a plugin picks its kernels back by prefix)."""
+    kept = [(p, t, label) for p, t, label in halves if t is not None]
+    params = tuple((p + k, v) for p, t, _ in kept for k, v in t.params)
+    return Tactic("+".join(label + t.name for _, t, label in kept), params)
+
+
 @dataclass(frozen=True)
 class PluginSpec:
     """The contract of one op.

@@ -2,9 +2,10 @@
 tactic's median time (L2 flushed between calls), the bytes it must read (packed weights, scales,
 x) against the measured copy bandwidth, and the per-layer sum of the best tactics. The down
 projection is timed on [gate | up] (SwiGLU included), as engines run it (since 2026-12-05).
-Then a decode batch of 8 rows: the GEMM tactics against the small-batch halves (`small_batch`).
+Then decode batches: at 8 rows the GEMM tactics against the small-batch halves (`small_batch`),
+at 16 and 64 rows against the medium-batch (split-K) halves (`mid_batch`).
 
-    python3 scripts/bench_w4a16.py --out bench_w4a16.json [--small-only]
+    python3 scripts/bench_w4a16.py --out bench_w4a16.json [--batches-only]
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def inputs(N: int, K: int, gated: bool = False, rows: int = 1):
 
 def main() -> None:
     args, bw = bench_cli(__doc__, "bench_w4a16.json", 30,
-                         (("--small-only", "only the 8-row batch (small_batch)"),))  # fmt: skip
+                         (("--batches-only", "only the 8-64-row batches"),))  # fmt: skip
     tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
     rows, best = [], {}
-    for name, (N, K) in {} if args.small_only else SHAPES.items():
+    for name, (N, K) in {} if args.batches_only else SHAPES.items():
         t = time_tactics("w4a16_gemm", tactics, fixed(*inputs(N, K, name == "down")), args.reps,
                          factory=tw.make_w4a16_linear)  # fmt: skip
         nbytes = N * K // 2 + (K // GROUP) * N * 2 + K * 4 + N * 2
@@ -51,11 +52,12 @@ def main() -> None:
             "ms": t[0][1],
             "frac_bw": nbytes / (t[0][1] * 1e-3) / bw,
         }
-    small = small_batch(rows, args.reps, bw)
-    if args.small_only:
+    small = batch_halves(rows, args.reps, bw, tw.MMA_ROWS, "small")
+    mid = {T: batch_halves(rows, args.reps, bw, T, "mid") for T in (16, tw.MID_ROWS)}
+    if args.batches_only:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                         "copy_bandwidth_Bps": bw, "small_batch": small,
-                                        "rows": rows}, indent=1))  # fmt: skip
+                                        "mid_batch": mid, "rows": rows}, indent=1))  # fmt: skip
         return
     layer_ms = sum(b["ms"] for b in best.values())
     layer_bytes = sum(N * K // 2 for N, K in SHAPES.values())
@@ -64,30 +66,34 @@ def main() -> None:
           f"{LAYERS} layers: {LAYERS * layer_ms:.2f} ms")  # fmt: skip
     doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "best": best,
            "layer_ms": layer_ms, "layers_ms": LAYERS * layer_ms, "small_batch": small,
-           "rows": rows}  # fmt: skip
+           "mid_batch": mid, "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(doc, indent=1))
     print(f"wrote {args.out}")
 
 
-def small_batch(rows: list, reps: int, bw: float, T: int = tw.MMA_ROWS) -> dict:
+def batch_halves(rows: list, reps: int, bw: float, T: int, kind: str) -> dict:
     """A decode batch of T rows (past the GEMV's one): every GEMM tactic (what engines ran
-    there) against each small-batch half (the tensor-core GEMV, `combine_tactics(..., small)`)
-    per site, the down projection gated; the best of each kind."""
-    dec = tw.DECODE_TACTICS[0]
+    there without the half) against each half of `kind` per site, the down projection gated;
+    the best of each. small: the tensor-core GEMV (`combine_tactics(..., small)`, up to 8
+    rows); mid: the split-K GEMM (`combine_tactics(..., mid=)`, up to 64)."""
+    dec, first = tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0]
     cands = [tw.combine_tactics(dec, m) for m in tw.GEMM_TACTICS]
-    cands += [tw.combine_tactics(dec, tw.GEMM_TACTICS[0], s) for s in tw.SMALL_TACTICS]
-    out = {}
+    if kind == "small":
+        cands += [tw.combine_tactics(dec, first, s) for s in tw.SMALL_TACTICS]
+    else:
+        cands += [tw.combine_tactics(dec, first, mid=m) for m in tw.MID_TACTICS]
+    tag, out = f"+{kind}_", {}
     for name, (N, K) in SHAPES.items():
         t = time_tactics("w4a16_gemm", cands, fixed(*inputs(N, K, name == "down", T)), reps,
                          factory=tw.make_w4a16_linear)  # fmt: skip
         nbytes = N * K // 2 + (K // GROUP) * N * 2 + T * K * 4 + T * N * 2
-        record(rows, "w4a16_small_batch", f"{name} T={T} N={N} K={K}", t, nbytes, 2 * T * N * K,
-               bw=bw)  # fmt: skip
-        kinds = {"gemm": [r for r in t if "+small_" not in r[0].name],
-                 "small": [r for r in t if "+small_" in r[0].name]}  # fmt: skip
+        record(rows, f"w4a16_{kind}_batch", f"{name} T={T} N={N} K={K}", t, nbytes,
+               2 * T * N * K, bw=bw)  # fmt: skip
+        kinds = {"gemm": [r for r in t if tag not in r[0].name],
+                 kind: [r for r in t if tag in r[0].name]}  # fmt: skip
         out[name] = {k: {"tactic": v[0][0].name, "ms": v[0][1]} for k, v in kinds.items()}
         print(f"  {name} at {T} rows: GEMM {out[name]['gemm']['ms'] * 1e3:.1f} us, "
-              f"small-batch half {out[name]['small']['ms'] * 1e3:.1f} us")  # fmt: skip
+              f"{kind}-batch half {out[name][kind]['ms'] * 1e3:.1f} us")  # fmt: skip
     return out
 
 

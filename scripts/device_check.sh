@@ -9,7 +9,8 @@
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
 #   bench    Llama-3.1-8B-shaped engine vs transformers eager, batch-1 variants A/B (bench_engine.json) ~4 min
-#   w4       W4A16 GEMV at batch 1, every decode tactic (bench_w4a16.json), and the W4A16
+#   w4       W4A16 GEMV at batch 1, every decode tactic, the small- and mid-batch halves at
+#            8, 16 and 64 rows (bench_w4a16.json), and the W4A16
 #            GEMM path at 128 and 2,048 rows (bench_w4a16_prefill.json)                  ~2 min
 #   attn     prefill attention at 2,048 tokens, every tactic and wider ones; batch-1 decode
 #            attention at 256 keys (bench_prefill_attention.json; BLOCK_SIZES="32 64 128"
@@ -62,7 +63,7 @@ for stage in "${@:-tests}"; do
         > "$OUT/bench_gemv.log" 2>&1 || rc=1
       tail -5 "$OUT/bench_kernels.log" "$OUT/bench_gemv.log" ;;
     w4)
-      timeout 240 python3 scripts/bench_w4a16.py --out "$OUT/bench_w4a16.json" \
+      timeout 360 python3 scripts/bench_w4a16.py --out "$OUT/bench_w4a16.json" \
         > "$OUT/bench_w4a16.log" 2>&1 || rc=1
       timeout 120 python3 scripts/bench_w4a16_prefill.py --out "$OUT/bench_w4a16_prefill.json" \
         > "$OUT/bench_w4a16_prefill.log" 2>&1 || rc=1

@@ -326,6 +326,28 @@ def test_w4a16_small_batch_half_llama_shapes(small):
             assert rel_err(out, ref) < W4_TOL, (N, K, T, gated)
 
 
+@pytest.mark.parametrize("mid", tw.MID_TACTICS, ids=ids(tw.MID_TACTICS))
+def test_w4a16_mid_batch_half_llama_shapes(mid):
+    """The plugin with a medium-batch half (combine_tactics(dec, mm, small, mid), a split-K
+    GEMM) at decode batches of 9, 16, 33 and 64 rows, the down projection gated ([gate |
+    up], SwiGLU before it), with bias at 16 rows: within W4_TOL of the reference at the
+    Llama-3.1-8B sites; NaN poison in `out`; the same bits on a second run."""
+    fn = tw.make_w4a16_linear(
+        tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0], mid)
+    )
+    for N, K in SHAPES:
+        qweight, scales, pqs = _w4(N, K)
+        for T, gated in ((9, False), (16, True), (33, False), (64, True)):
+            x = torch.randn(T, 2 * K if gated else K, device=DEV, dtype=BF16)
+            bias = torch.randn(N, device=DEV, dtype=BF16) if T == 16 else None
+            out = torch.full((T, N), float("nan"), device=DEV, dtype=BF16)
+            fn(x, qweight, scales, pqs, 128, None, bias, out=out, gated=gated)
+            ref = qref.w4a16_linear(x, qweight, scales, pqs, 128, None, bias, gated=gated)
+            assert rel_err(out, ref) < W4_TOL, (N, K, T, gated)
+            again = fn(x, qweight, scales, pqs, 128, None, bias, gated=gated)
+            assert torch.equal(again, out), (N, K, T, gated)
+
+
 # a program's rows hold whole RoPE pairs: two rows or more
 W4_ROPE = [t for t in tw.DECODE_TACTICS if t.as_dict()["block_n"] >= 2]
 

@@ -402,10 +402,12 @@ def test_int4_engine_with_folded_norms_launches_bundled_binaries():
     assert binaries(specs) - binaries(plain)  # the batch-1 step ran folded variants
 
 
-def test_int4_small_batch_half_is_bundled_and_runs_batches_2_to_8():
+def test_int4_small_and_mid_batch_halves_are_bundled_and_run_their_batches(tmp_path):
     """An INT4 engine whose w4a16_gemm tactics carry a small-batch half (an mma tactic) runs
     the tensor-core GEMV at decode batches 2 and 4 where the pair alone runs the GEMM, batch
-    1 the decode GEMV; its bundle holds every binary those steps launch."""
+    1 the decode GEMV; with a medium-batch half too, batch 16 runs the split-K GEMM and its
+    sum kernel where the others run the GEMM; each bundle holds every binary those steps
+    launch, and the split-K pair compiles for sm_90."""
     from dataclasses import replace
 
     from ingot.compiler import kernel_bundle as kb
@@ -414,32 +416,45 @@ def test_int4_small_batch_half_is_bundled_and_runs_batches_2_to_8():
     from ingot.plugins.quant import unused_plugins
 
     m, q = LLAMA_3_1_8B, QuantConfig(mode="int4_awq")
-    b = BuildConfig(max_batch_size=4, max_seq_len=512, max_num_tokens=256,
+    b = BuildConfig(max_batch_size=16, max_seq_len=512, max_num_tokens=256,
                     tokens_per_block=64, target="sm_90")  # fmt: skip
     st = {"I32": torch.int32, "BF16": torch.bfloat16, "F32": torch.float32}
     shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
     shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
     unused = unused_plugins(q.mode)
-    pair = default_choices("sm_90", m)
-    t = tw.combine_tactics(tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0])
-    small = tuple(replace(c, tactic=t.name, params=t.as_dict()) if c.name.startswith("w4a16") else c
-                  for c in pair if c.name not in unused)  # fmt: skip
-    pair = tuple(c for c in pair if c.name not in unused)
+    pair = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
+
+    def with_w4a16(t):
+        return tuple(replace(c, tactic=t.name, params=t.as_dict()) if c.name.startswith("w4a16")
+                     else c for c in pair)  # fmt: skip
+
+    dec, mm, sb = tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0]
+    variants = {"pair": pair, "small": with_w4a16(tw.combine_tactics(dec, mm, sb)),
+                "mid": with_w4a16(tw.combine_tactics(dec, mm, sb, tw.MID_TACTICS[0]))}  # fmt: skip
     launched = {}
-    for name, choices in (("pair", pair), ("small", small)):
+    for name, choices in variants.items():
         bundle = binaries(kb.engine_launches(m, q, b, choices, shapes))
         decoder, kv = kb.dry_run_decoder(m, q, b, choices, shapes)
-        for n in (1, 2, 4):
+        for n in (1, 2, 4, 16):
             specs = _decode_step_launches(decoder, kv, b, (n,))
             assert binaries(specs) <= bundle, (name, n)
             launched[name, n] = [s.fn.rsplit(":", 1)[-1] for s in specs]
-    mma, gemm = "_w4a16_mma_gemv_kernel", "_w4a16_mm_kernel"
+            if (name, n) == ("mid", 16):
+                split = [s for s in specs if s.fn.endswith(("_w4a16_mm_kernel", "_sum_kernel"))]
+    mma, gemm, sums = "_w4a16_mma_gemv_kernel", "_w4a16_mm_kernel", "_split_k_sum_kernel"
+    for fn in (gemm, sums):
+        assert compile_for_sm90(next(s for s in split if s.fn.endswith(fn)), tmp_path).asm["cubin"]
     layers = m.num_layers
     for n in (2, 4):
         assert launched["pair", n].count(gemm) == 4 * layers and mma not in launched["pair", n]
-        assert launched["small", n].count(mma) == 4 * layers and gemm not in launched["small", n]
-    assert launched["small", 1] == launched["pair", 1] and mma not in launched["small", 1]
+        for name in ("small", "mid"):
+            assert launched[name, n].count(mma) == 4 * layers and gemm not in launched[name, n]
+    for name in ("pair", "small"):
+        assert launched[name, 16].count(gemm) == 4 * layers and sums not in launched[name, 16]
+    assert launched["mid", 16].count(gemm) == launched["mid", 16].count(sums) == 4 * layers
+    assert launched["small", 1] == launched["mid", 1] == launched["pair", 1]
+    assert mma not in launched["small", 1]
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int4_awq"])

@@ -33,6 +33,8 @@ else:
         same_bits,
         w4a16_packed_model,
     )
+    from w4_cases import Spy as _Spy
+    from w4_cases import w4_case as _w4_case
 
     from ingot.plugins import pdl
     from ingot.plugins.attention import reference as attn_ref
@@ -165,34 +167,6 @@ else:
         assert gated.count(True) == 2 * max_m  # the folded GEMV ran for T <= max_m only
 
     # ------------------------------------------------------------------ W4A16
-
-    class _Spy:
-        """A kernel whose launches record their keyword arguments."""
-
-        def __init__(self, kernel, calls: list) -> None:
-            self.kernel, self.calls = kernel, calls
-
-        @staticmethod
-        def calls_of(fn, calls: list):
-            """fn, its calls' positional arguments appended to `calls`."""
-            return lambda *a, **kw: calls.append(a) or fn(*a, **kw)
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                self.calls.append(kw)
-                return self.kernel[grid](*args, **kw)
-
-            return launch
-
-    def _w4_case(K: int, N: int, T: int, dtype, bias: bool, pqs: bool = True):
-        codes = torch.randint(0, 16, (N, K))
-        qweight = qref.pack_w4_engine(codes)  # [N, K/8]
-        scales = (torch.rand(N, K // 128) * 0.02 + 0.005).to(dtype)
-        p = (torch.rand(K) + 0.5).to(dtype) if pqs else None
-        x = torch.randn(T, K).to(dtype)
-        b = torch.randn(N).to(dtype) if bias else None
-        ref = qref.w4a16_linear(x, qweight, scales, p, 128, None, b)
-        return (x, qweight, scales, p, b), ref
 
     def _w4_run(args, params, decode):
         x, qweight, scales, p, b = args

@@ -324,7 +324,9 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     projection's GEMV half is timed on [gate | up] with gated=True, as every INT4 engine runs
     it. With decode batches past the GEMV's one row, the small-batch candidates (the pair, and
     the pair with each tensor-core GEMV for 2-8 rows) are timed at the largest such batch
-    (8), gated for down; with max_batch_size 1 they are not."""
+    (8), gated for down; with max_batch_size 1 they are not. With batches past 8, the
+    medium-batch (split-K) candidates, on top of the chosen small half or none, are timed at
+    the largest batch up to 64, gated for down."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
     from ingot.plugins.quant import triton_w4a16 as tw
@@ -333,18 +335,21 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     monkeypatch.setattr(tactic_select._Shapes, "__init__",
                         lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
 
-    def run(max_batch_size: int):
-        calls, gemv_inputs = [], []
+    def run(max_batch_size: int, small_best: int = 2):
+        calls, gemv_inputs, mid_cands = [], [], []
 
         def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **check):
             assert name == "w4a16_gemm" and check["tolerance"] == 1e-2
             small = any("+small_" in c.name for c in cands)
             kind = "small" if small else len({c.name.split("+")[1] for c in cands}) > 1
+            kind = "mid" if any("+mid_" in c.name for c in cands) else kind
             calls.append(kind)
+            mid_cands.extend(cands if kind == "mid" else [])
             if kind is not True:
                 args, kw = inputs()
                 gemv_inputs.append((kind, tuple(args[0].shape), args[1].shape[0], kw))
-            best = {True: 2, False: 3, "small": 2}[kind]  # GEMM 2, GEMV 3, small 2 fastest
+            # GEMM 2, GEMV 3, small `small_best`, mid 2 fastest
+            best = {True: 2, False: 3, "small": small_best, "mid": 2}[kind]
             return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)),
                           key=lambda r: r[1])  # fmt: skip
 
@@ -355,7 +360,7 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
         choices = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
         sites = {c.site: c for c in choices if c.site is not None}
         assert set(sites) == {"attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"}
-        return calls, gemv_inputs, sites
+        return calls, gemv_inputs, sites, mid_cands
 
     m = LLAMA_3_1_8B
     inputs = lambda rows: [  # noqa: E731
@@ -364,7 +369,7 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
         ((rows, 2 * m.intermediate_size), m.hidden_size, {"gated": True}),
     ]  # fmt: skip
     dec, mm = tw.DECODE_TACTICS[3], tw.GEMM_TACTICS[2]
-    calls, gemv_inputs, sites = run(8)
+    calls, gemv_inputs, sites, _ = run(8)
     assert calls == [False, True, "small"] * 4
     timed = lambda kind: sorted((g[1:] for g in gemv_inputs if g[0] == kind), key=str)  # noqa: E731
     assert timed(False) == sorted(inputs(1), key=str)
@@ -375,12 +380,32 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
         assert f"{tw.combine_tactics(dec, tw.GEMM_TACTICS[0]).name}@b1" in c.timings_ms
         assert f"{tw.combine_tactics(tw.DECODE_TACTICS[0], mm).name}@rows512" in c.timings_ms
         assert f"{tw.combine_tactics(dec, mm).name}@rows8" in c.timings_ms
-    calls, gemv_inputs, sites = run(1)
+    calls, gemv_inputs, sites, _ = run(1)
     assert calls == [False, True] * 4
     want = tw.combine_tactics(dec, mm)
     assert {(c.tactic, tuple(sorted(c.params.items()))) for c in sites.values()} == {
         (want.name, tuple(sorted(want.as_dict().items())))
     }
+    # batches up to 512: the mid half timed at 64 rows on top of the small half chosen
+    calls, gemv_inputs, sites, mids = run(512)
+    assert calls == [False, True, "small", "mid"] * 4
+    assert timed("mid") == sorted(inputs(64), key=str)
+    small = tw.SMALL_TACTICS[1]
+    assert mids[: 1 + len(tw.MID_TACTICS)] == [tw.combine_tactics(dec, mm, small)] + [
+        tw.combine_tactics(dec, mm, small, m) for m in tw.MID_TACTICS
+    ]
+    want = tw.combine_tactics(dec, mm, small, tw.MID_TACTICS[1])
+    for c in sites.values():
+        assert (c.tactic, c.params) == (want.name, want.as_dict())
+        assert f"{tw.combine_tactics(dec, mm, small).name}@rows64" in c.timings_ms
+    # the small half loses (the pair is fastest at 8 rows): the mid half alone, from 2 rows,
+    # timed at the largest bucket up to 64 (here 16)
+    calls, gemv_inputs, sites, mids = run(16, small_best=0)
+    assert calls == [False, True, "small", "mid"] * 4
+    assert timed("mid") == sorted(inputs(16), key=str)
+    assert mids[1] == tw.combine_tactics(dec, mm, None, tw.MID_TACTICS[0])
+    want = tw.combine_tactics(dec, mm, None, tw.MID_TACTICS[1])
+    assert {c.tactic for c in sites.values()} == {want.name}
 
 
 def test_a_reference_that_cannot_run_leaves_the_candidates_unchecked(monkeypatch):

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
-from ..registry import Tactic
+from ..registry import Tactic, joined_tactic
 from .layout import SHORT_CONTEXT, check_kv_layout
 from .reference import check_new_v, decode_rows
 from .triton_prefill import (
@@ -632,16 +632,8 @@ def combine_tactics(
     """One paged_attention tactic from a decode tactic, a prefill tactic and optionally a
     decode tactic for large batches (LARGE_BATCH_ROWS; without one `decode` serves all) and
     one for short contexts (SHORT_CONTEXT; without one `decode` serves them)."""
-    params = tuple(("dec_" + k, v) for k, v in decode.params)
-    params += tuple(("pf_" + k, v) for k, v in prefill.params)
-    name = f"{decode.name}+{prefill.name}"
-    if large is not None:
-        params += tuple(("decl_" + k, v) for k, v in large.params)
-        name += f"+large:{large.name}"
-    if short is not None:
-        params += tuple(("decs_" + k, v) for k, v in short.params)
-        name += f"+short:{short.name}"
-    return Tactic(name, params)
+    return joined_tactic(("dec_", decode, ""), ("pf_", prefill, ""), ("decl_", large, "large:"),
+                         ("decs_", short, "short:"))  # fmt: skip
 
 
 PAGED_ATTENTION_TACTICS: tuple[Tactic, ...] = tuple(

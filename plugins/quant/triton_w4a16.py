@@ -54,7 +54,7 @@ import triton.language as tl
 from ..gemm.cuda import norm_args, norm_scale, store_add_out
 from ..gemm.fused_norm import AddOut, NormIn, add_output, normed_input
 from ..pdl import launch_options, pdl_begin
-from ..registry import Tactic
+from ..registry import Tactic, joined_tactic
 from .reference import W4_BLOCK
 from .reference import w4a16_linear as _reference
 
@@ -91,6 +91,13 @@ def _mm(bm: int, bn: int, bk: int, w: int, s: int) -> Tactic:
         f"mm_m{bm}_n{bn}_k{bk}_w{w}_s{s}",
         (("block_m", bm), ("block_n", bn), ("block_k", bk), ("num_warps", w), ("num_stages", s)),
     )
+
+
+def _mm_split(bm: int, bn: int, bk: int, w: int, s: int, split: int) -> Tactic:
+    """The Triton GEMM with K split over `split` programs a tile (fp32 partial sums, then a
+    kernel adding them): for a few dozen rows, whose tiles alone leave most SMs idle."""
+    t = _mm(bm, bn, bk, w, s)
+    return Tactic(f"{t.name}_sk{split}", t.params + (("split_k", split),))
 
 
 # NOTE: a build on the GPU times these per use site (compiler/tactic_select.py); the first of
@@ -180,22 +187,38 @@ GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interl
 )
 
 
-def combine_tactics(dec: Tactic, mm: Tactic, small: Tactic | None = None) -> Tactic:
+def combine_tactics(
+    dec: Tactic, mm: Tactic, small: Tactic | None = None, mid: Tactic | None = None
+) -> Tactic:
     """A w4a16_gemm tactic: the GEMV `dec` for decode rows (up to its max_m), the GEMM `mm` for
     more; small: an `mma` tactic (SMALL_TACTICS) that takes the rows past max_m up to
-    MMA_ROWS (decode batches of 2-8, short prompts) instead of the GEMM."""
-    params = tuple(("dec_" + k, v) for k, v in dec.params)
-    params += tuple(("mm_" + k, v) for k, v in mm.params)
-    if small is None:
-        return Tactic(f"{dec.name}+{mm.name}", params)
-    params += tuple(("sb_" + k, v) for k, v in small.params)
-    return Tactic(f"{dec.name}+{mm.name}+small_{small.name}", params)
+    MMA_ROWS (decode batches of 2-8, short prompts) instead of the GEMM; mid: a split-K GEMM
+    (MID_TACTICS) for the rows past those up to MID_ROWS (decode batches of 9-64)."""
+    return joined_tactic(("dec_", dec, ""), ("mm_", mm, ""), ("sb_", small, "small_"),
+                         ("md_", mid, "mid_"))  # fmt: skip
 
 
 # the small-batch half's candidates: the tensor-core GEMV takes up to 8 rows of x at about the
 # cost of one, where the GEMM reads and expands the whole weight for them (the build times
 # them against the GEMM at the largest of those decode buckets)
 SMALL_TACTICS: tuple[Tactic, ...] = tuple(t for t in DECODE_TACTICS if t.as_dict().get("mma"))
+
+# the medium-batch half's candidates: split-K GEMMs. Past 8 rows a decode batch ran the GEMM
+# half's first Triton tactic (the dequantize-then-cuBLAS one needs 128 rows), whose 16-64-row
+# tiles leave most SMs idle at a few dozen rows: 631 us a layer at 8 rows on the H200 against
+# 86 for the small-batch half (docs/bench/quant-int4-2026-12-05-late.json). Split over K, a
+# tile's weights are read by several programs side by side; their fp32 partial sums are added
+# by a second kernel in a fixed order (the same bits every run). Timed by the build at
+# MID_ROWS rows (its worst case) against what runs there otherwise.
+MID_ROWS = 64
+MID_TACTICS: tuple[Tactic, ...] = (
+    _mm_split(16, 64, 128, 4, 3, 8),
+    _mm_split(16, 64, 128, 4, 3, 4),
+    _mm_split(16, 128, 128, 4, 3, 8),
+    _mm_split(32, 64, 128, 4, 3, 8),
+    _mm_split(64, 64, 128, 4, 3, 4),
+    _mm_split(64, 128, 128, 8, 3, 8),
+)
 
 
 W4A16_TACTICS: tuple[Tactic, ...] = tuple(
@@ -601,10 +624,12 @@ def _w4a16_mm_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, K, sxm, som, magic,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
 ):  # fmt: skip
     """out = (x * pqs) @ dequant(qweight)^T (+ b), [BLOCK_M, BLOCK_N] tiles; K is a multiple
-    of BLOCK_K, BLOCK_K of 128 and GROUP of BLOCK_K, so a chunk has one scale per row."""
+    of BLOCK_K, BLOCK_K of 128 and GROUP of BLOCK_K, so a chunk has one scale per row.
+    SPLIT_K > 1: program (m, n, s) sums the s-th of SPLIT_K runs of K's chunks (the last ones
+    may be shorter or empty) into out[s] (fp32 [SPLIT_K, T, som], no bias: `_split_k_sum`)."""
     pdl_begin(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -620,7 +645,13 @@ def _w4a16_mm_kernel(
     w_rows = qw_ptr + rn_c.to(tl.int64)[:, None] * (K // 8)
     s_rows = s_ptr + rn_c.to(tl.int64) * (K // GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    k_lo, k_hi = 0, K
+    if SPLIT_K > 1:
+        per = tl.cdiv(K // BLOCK_K, SPLIT_K) * BLOCK_K
+        k_lo = tl.program_id(2) * per
+        k_hi = tl.minimum(k_lo + per, K)
+        out_ptr += tl.program_id(2).to(tl.int64) * T * som
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         words = tl.load(w_rows + k0 // 8 + rw[None, :])  # [BN, BK/8]
         # [BN, blocks, word c, nibble j] -> k order (block, j, c)
         codes = words[:, :, None] >> shifts[None, None, :]
@@ -641,6 +672,45 @@ def _w4a16_mm_kernel(
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
 
+@triton.jit
+def _split_k_sum_kernel(part_ptr, b_ptr, out_ptr, T, N, som, SPLIT_K: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """out[m, n] = sum over s in order of part[s, m, n] (+ b[n]), cast to out's dtype; part:
+    fp32 [SPLIT_K, T, N] contiguous."""
+    pdl_begin(PDL)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < T * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + s * T * N + i, mask=ok, other=0.0)
+    m, n = i // N, i % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * som + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _split_k_mm(x, qweight, scales, pqs, group_size, bias, out, params):
+    """The GEMM with K split (`split_k` programs a tile): fp32 partial sums into a transient
+    [split_k, T, N] buffer, then `_split_k_sum_kernel` adds them (and the bias) into out."""
+    T, K, N = x.shape[0], x.shape[1], qweight.shape[0]
+    bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
+    split = int(params["split_k"])
+    part = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
+    opts = launch_options()
+    _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn), split)](
+        x, qweight, scales, pqs if pqs is not None else scales, scales, part, T, N, K,
+        x.stride(0), N, _MAGIC, HAS_PQS=pqs is not None, HAS_BIAS=False,
+        IEEE=x.dtype == torch.float32, GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        STAGES=int(params.get("num_stages", 2)), SPLIT_K=split,
+        num_warps=int(params.get("num_warps", 4)), num_stages=1, **opts,
+    )  # fmt: skip
+    _split_k_sum_kernel[(triton.cdiv(T * N, 1024),)](
+        part, bias if bias is not None else scales, out, T, N, out.stride(0), SPLIT_K=split,
+        HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4, **opts,
+    )  # fmt: skip
+    return out
+
+
 def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
     p = tactic.as_dict() if tactic is not None else {}
     dec = {k[4:]: v for k, v in p.items() if k.startswith("dec_")}
@@ -648,10 +718,19 @@ def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
     return dec or DECODE_TACTICS[0].as_dict(), mm or GEMM_TACTICS[0].as_dict()
 
 
+def _half_params(tactic: Tactic | None, prefix: str) -> dict:
+    p = tactic.as_dict() if tactic is not None else {}
+    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
+
+
 def _small_params(tactic: Tactic | None) -> dict:
     """The small-batch half's parameters ({} without one: those rows run the GEMM)."""
-    p = tactic.as_dict() if tactic is not None else {}
-    return {k[3:]: v for k, v in p.items() if k.startswith("sb_")}
+    return _half_params(tactic, "sb_")
+
+
+def _mid_params(tactic: Tactic | None) -> dict:
+    """The medium-batch half's parameters ({} without one: those rows run the GEMM)."""
+    return _half_params(tactic, "md_")
 
 
 def kernel_ok(
@@ -729,6 +808,8 @@ def launch_w4a16(
             wp._w4a16_gemv_persistent_kernel[(grid,)](*args, **kw)
         else:
             _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](*args, STAGES=stages, **kw)
+    elif int(params.get("split_k", 1)) > 1:
+        _split_k_mm(x, qweight, scales, pqs, group_size, bias, out, params)
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
         _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
@@ -792,7 +873,7 @@ def make_w4a16_linear(tactic: Tactic | None = None):
     from ..activation.triton_kernels import make_swiglu
 
     dec, mm = _split_params(tactic)
-    small = _small_params(tactic)
+    small, mid = _small_params(tactic), _mid_params(tactic)
     max_m = int(dec.get("max_m", 1))
     swiglu = make_swiglu(None)
 
@@ -825,6 +906,8 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         params = dec if decode else mm
         if not decode and small and mma_ok and x.shape[0] <= MMA_ROWS:
             decode, params = True, small
+        elif not decode and mid and x.dim() == 2 and x.shape[0] <= MID_ROWS:
+            params = mid  # the split-K GEMM (medium decode batches)
         block_k = W4_BLOCK if decode else int(params["block_k"])
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
