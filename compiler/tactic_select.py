@@ -400,14 +400,22 @@ def timed_choices(
             if pair != cands[0]:
                 sb, taken = tw.SMALL_TACTICS[cands.index(pair) - 1], tw.MMA_ROWS
         # batches past those up to MID_ROWS: a split-K GEMM, timed against what runs there
-        # otherwise (the GEMM half) at the largest such bucket
-        mid = min(tw.MID_ROWS, build.max_batch_size)
-        if mid > taken:
+        # otherwise (the GEMM half) at a small and a large such batch; the least total wins
+        # (the pair on a tie)
+        mids = sorted(
+            {min(r, build.max_batch_size) for r in tw.MID_TIMED_ROWS} - {*range(taken + 1)}
+        )
+        if mids:
             cands = [pair] + [tw.combine_tactics(dec, mm, sb, m) for m in tw.MID_TACTICS]
-            pair, r4 = best(name, cands, lambda: shapes.w4a16_gemm(n, k, bias, group_size, mid,
-                                                                   gated=gated),
-                            factory, None, **check(name))  # fmt: skip
-            record += [(Tactic(f"{t.name}@rows{mid}", t.params), ms) for t, ms in r4]
+            total = dict.fromkeys(cands, 0.0)
+            for r in mids:
+                _, res = best(name, cands, lambda r=r: shapes.w4a16_gemm(n, k, bias, group_size, r,
+                                                                         gated=gated),
+                              factory, None, **check(name))  # fmt: skip
+                record += [(Tactic(f"{t.name}@rows{r}", t.params), ms) for t, ms in res]
+                for t, ms in res:
+                    total[t] += ms
+            pair = min(cands, key=total.__getitem__)
         return _choice(name, pair, site, record)
 
     # the GEMM plugins, timed per use site: (site, N, K, has_bias) -> choice

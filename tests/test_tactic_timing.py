@@ -326,7 +326,7 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     the pair with each tensor-core GEMV for 2-8 rows) are timed at the largest such batch
     (8), gated for down; with max_batch_size 1 they are not. With batches past 8, the
     medium-batch (split-K) candidates, on top of the chosen small half or none, are timed at
-    the largest batch up to 64, gated for down."""
+    16 and 64 rows (up to max_batch_size), gated for down, and the least total kept."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
     from ingot.plugins.quant import triton_w4a16 as tw
@@ -348,8 +348,13 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
             if kind is not True:
                 args, kw = inputs()
                 gemv_inputs.append((kind, tuple(args[0].shape), args[1].shape[0], kw))
-            # GEMM 2, GEMV 3, small `small_best`, mid 2 fastest
-            best = {True: 2, False: 3, "small": small_best, "mid": 2}[kind]
+            # GEMM 2, GEMV 3, small `small_best` fastest; mid: 2 at 16 rows, 6 at 64, so 4
+            # least in total (neither batch's fastest)
+            if kind == "mid":
+                best = 2 if inputs()[0][0].shape[0] == 16 else 6
+                return sorted(((c, 1.0 + (i - best) ** 2) for i, c in enumerate(cands)),
+                              key=lambda r: r[1])  # fmt: skip
+            best = {True: 2, False: 3, "small": small_best}[kind]
             return sorted(((c, 1.0 + abs(i - best)) for i, c in enumerate(cands)),
                           key=lambda r: r[1])  # fmt: skip
 
@@ -386,20 +391,21 @@ def test_int4_gemv_and_gemm_halves_are_timed_where_they_run(monkeypatch):
     assert {(c.tactic, tuple(sorted(c.params.items()))) for c in sites.values()} == {
         (want.name, tuple(sorted(want.as_dict().items())))
     }
-    # batches up to 512: the mid half timed at 64 rows on top of the small half chosen
+    # batches up to 512: the mid half timed at 16 and 64 rows on top of the small half chosen
     calls, gemv_inputs, sites, mids = run(512)
-    assert calls == [False, True, "small", "mid"] * 4
-    assert timed("mid") == sorted(inputs(64), key=str)
+    assert calls == [False, True, "small", "mid", "mid"] * 4
+    assert timed("mid") == sorted(inputs(16) + inputs(64), key=str)
     small = tw.SMALL_TACTICS[1]
     assert mids[: 1 + len(tw.MID_TACTICS)] == [tw.combine_tactics(dec, mm, small)] + [
         tw.combine_tactics(dec, mm, small, m) for m in tw.MID_TACTICS
     ]
-    want = tw.combine_tactics(dec, mm, small, tw.MID_TACTICS[1])
+    want = tw.combine_tactics(dec, mm, small, tw.MID_TACTICS[3])
     for c in sites.values():
         assert (c.tactic, c.params) == (want.name, want.as_dict())
-        assert f"{tw.combine_tactics(dec, mm, small).name}@rows64" in c.timings_ms
+        for r in (16, 64):
+            assert f"{tw.combine_tactics(dec, mm, small).name}@rows{r}" in c.timings_ms
     # the small half loses (the pair is fastest at 8 rows): the mid half alone, from 2 rows,
-    # timed at the largest bucket up to 64 (here 16)
+    # timed at the batches up to max_batch_size (here 16 once)
     calls, gemv_inputs, sites, mids = run(16, small_best=0)
     assert calls == [False, True, "small", "mid"] * 4
     assert timed("mid") == sorted(inputs(16), key=str)

@@ -67,6 +67,7 @@ else:
         args, ref = w4_case(512, 72, 5, torch.float16, True)
         assert rel_err(_run(args, params), ref) < 1e-2
         assert [kw["SPLIT_K"] for kw in launched] == [params["split_k"]]
+        assert launched[0]["BLOCK_M"] == 16 < params["block_m"]  # tiles as tall as 5 rows need
         assert launched[0]["HAS_BIAS"] is False  # the bias is added once, by the sum kernel
 
     def test_w4a16_mid_batch_half_takes_the_rows_past_the_small_one(monkeypatch):

@@ -204,20 +204,26 @@ def combine_tactics(
 SMALL_TACTICS: tuple[Tactic, ...] = tuple(t for t in DECODE_TACTICS if t.as_dict().get("mma"))
 
 # the medium-batch half's candidates: split-K GEMMs. Past 8 rows a decode batch ran the GEMM
-# half's first Triton tactic (the dequantize-then-cuBLAS one needs 128 rows), whose 16-64-row
-# tiles leave most SMs idle at a few dozen rows: 631 us a layer at 8 rows on the H200 against
-# 86 for the small-batch half (docs/bench/quant-int4-2026-12-05-late.json). Split over K, a
-# tile's weights are read by several programs side by side; their fp32 partial sums are added
-# by a second kernel in a fixed order (the same bits every run). Timed by the build at
-# MID_ROWS rows (its worst case) against what runs there otherwise.
+# half's first Triton tactic (the dequantize-then-cuBLAS one needs 128 rows), whose tiles leave
+# most SMs idle at a few dozen rows: 631 us a layer at 8 rows on the H200 against 86 for the
+# small-batch half (docs/bench/quant-int4-2026-12-05-late.json). Split over K, a tile's weights
+# are read by several programs side by side; their fp32 partial sums are added by a second
+# kernel in a fixed order (the same bits every run). block_m is the most rows a tile takes: a
+# batch of T rows runs tiles of next_power_of_2(T) rows (at least 16), which on the H100 was
+# fastest at 16, 32 and 64 rows with every other parameter the same; there n128_w4_sk8 took a
+# layer's qkv, o and down in 25.0 / 16.7 / 49.7 us at 16 rows and 36.8 / 24.1 / 66.9 at 64
+# against the GEMM's 80 / 81 / 285, gate_up 90.9 and 144 against 110 (sk4: 88.2 and 124;
+# docs/bench/w4a16-mid-batch-h100-2026-12-05-late.json). The build times them at MID_TIMED_ROWS
+# rows and keeps the least total, or none.
 MID_ROWS = 64
+MID_TIMED_ROWS = (16, 64)
 MID_TACTICS: tuple[Tactic, ...] = (
-    _mm_split(16, 64, 128, 4, 3, 8),
-    _mm_split(16, 64, 128, 4, 3, 4),
-    _mm_split(16, 128, 128, 4, 3, 8),
-    _mm_split(32, 64, 128, 4, 3, 8),
+    _mm_split(64, 128, 128, 4, 3, 8),
+    _mm_split(64, 128, 128, 4, 3, 4),
+    _mm_split(64, 128, 128, 4, 3, 2),
     _mm_split(64, 64, 128, 4, 3, 4),
-    _mm_split(64, 128, 128, 8, 3, 8),
+    _mm_split(64, 256, 128, 8, 3, 4),
+    _mm_split(64, 128, 128, 8, 3, 4),
 )
 
 
@@ -690,11 +696,12 @@ def _split_k_sum_kernel(part_ptr, b_ptr, out_ptr, T, N, som, SPLIT_K: tl.constex
 
 
 def _split_k_mm(x, qweight, scales, pqs, group_size, bias, out, params):
-    """The GEMM with K split (`split_k` programs a tile): fp32 partial sums into a transient
-    [split_k, T, N] buffer, then `_split_k_sum_kernel` adds them (and the bias) into out."""
+    """The GEMM with K split (`split_k` programs a tile, tiles of up to block_m rows, as few
+    as T needs): fp32 partial sums into a transient [split_k, T, N] buffer, then
+    `_split_k_sum_kernel` adds them (and the bias) into out."""
     T, K, N = x.shape[0], x.shape[1], qweight.shape[0]
-    bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
-    split = int(params["split_k"])
+    bn, bk, split = int(params["block_n"]), int(params["block_k"]), int(params["split_k"])
+    bm = min(int(params["block_m"]), max(16, triton.next_power_of_2(T)))  # the batch's rows
     part = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
     opts = launch_options()
     _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn), split)](
