@@ -1,6 +1,7 @@
 """Instructions per weight in the main loop of the W4A16 decode GEMV's sm_90 binaries, compiled
 on this machine without a GPU (Triton's ptxas and cuobjdump): every decode tactic, the fp32
-kernel, the packed (bf16x2) one, the persistent one and the tensor-core one, at
+kernel, the packed (bf16x2) one, the persistent one and the tensor-core one (and its medium-batch
+tactics with 2 or 4 x tiles), at
 Llama-3.1-8B's qkv shape with AWQ's pre_quant_scale.
 
 A check before spending GPU time: at 4 bits a weight the H200 leaves ~3.5 issue slots per
@@ -86,13 +87,14 @@ def compile_mma(params: dict, pqs: bool = True):
     warps = params["mma_warps"]
     const = {"HAS_PQS": pqs, "HAS_BIAS": False, "BLOCKS_PER_GROUP": 1, "WARPS": warps,
              "TILES": params["tiles"], "UNROLL": params["unroll"],
-             "PREFETCH": bool(params.get("prefetch"))}  # fmt: skip
+             "PREFETCH": bool(params.get("prefetch")), "XTILES": params.get("xtiles", 1)}  # fmt: skip
     return _compile(wm._w4a16_mma_gemv_kernel, const, {"num_warps": warps})
 
 
 def report() -> list[dict]:
     rows = []
-    for tactic in tw.DECODE_TACTICS:
+    # the decode tactics, then the medium-batch ones on the tensor cores (2 or 4 x tiles)
+    for tactic in (*tw.DECODE_TACTICS, *(t for t in tw.MID_TACTICS if t.as_dict().get("mma"))):
         p = tactic.as_dict()
         if p.get("mma"):  # a thread's weights an iteration: its tiles' 16 rows x 128 k / 32
             body, regs = loop_body(compile_mma(p).asm["cubin"])

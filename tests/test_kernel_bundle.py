@@ -406,7 +406,7 @@ def test_int4_small_and_mid_batch_halves_are_bundled_and_run_their_batches(tmp_p
     """An INT4 engine whose w4a16_gemm tactics carry a small-batch half (an mma tactic) runs
     the tensor-core GEMV at decode batches 2 and 4 where the pair alone runs the GEMM, batch
     1 the decode GEMV; with a medium-batch half too, batch 16 runs the split-K GEMM and its
-    sum kernel where the others run the GEMM; each bundle holds every binary those steps
+    sum kernel (or, a tensor-core one, the GEMV with 2 x tiles) where the others run the GEMM; each bundle holds every binary those steps
     launch, and the split-K pair compiles for sm_90."""
     from dataclasses import replace
 
@@ -430,8 +430,10 @@ def test_int4_small_and_mid_batch_halves_are_bundled_and_run_their_batches(tmp_p
                      else c for c in pair)  # fmt: skip
 
     dec, mm, sb = tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0]
+    x2 = next(t for t in tw.MID_TACTICS if t.as_dict().get("xtiles") == 2)
     variants = {"pair": pair, "small": with_w4a16(tw.combine_tactics(dec, mm, sb)),
-                "mid": with_w4a16(tw.combine_tactics(dec, mm, sb, tw.MID_TACTICS[0]))}  # fmt: skip
+                "mid": with_w4a16(tw.combine_tactics(dec, mm, sb, tw.MID_TACTICS[0])),
+                "mid_mma": with_w4a16(tw.combine_tactics(dec, mm, sb, x2))}  # fmt: skip
     launched = {}
     for name, choices in variants.items():
         bundle = binaries(kb.engine_launches(m, q, b, choices, shapes))
@@ -453,6 +455,8 @@ def test_int4_small_and_mid_batch_halves_are_bundled_and_run_their_batches(tmp_p
     for name in ("pair", "small"):
         assert launched[name, 16].count(gemm) == 4 * layers and sums not in launched[name, 16]
     assert launched["mid", 16].count(gemm) == launched["mid", 16].count(sums) == 4 * layers
+    # the tensor-core medium half: one launch of 16 rows a site, no GEMM
+    assert launched["mid_mma", 16].count(mma) == 4 * layers and gemm not in launched["mid_mma", 16]
     assert launched["small", 1] == launched["mid", 1] == launched["pair", 1]
     assert mma not in launched["small", 1]
 

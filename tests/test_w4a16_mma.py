@@ -19,13 +19,16 @@ from ingot.compiler.kernel_bundle import recorded_launches  # noqa: E402
 from ingot.plugins import pdl  # noqa: E402
 from ingot.plugins.quant import triton_w4a16 as tw  # noqa: E402
 
-MMA = [t for t in tw.DECODE_TACTICS if t.as_dict().get("mma")]
+# the decode ones, and the medium-batch ones with 2 or 4 x tiles
+MMA = [t for t in (*tw.DECODE_TACTICS, *tw.MID_TACTICS) if t.as_dict().get("mma")]
 
 
 def _compiled(tactic, tmp_path, use_pdl: bool, N: int = 6144, K: int = 4096):
-    """The sm_90 kernel the tactic's batch-1 launch records (Llama-3.1-8B's qkv)."""
+    """The sm_90 kernel the tactic's launch records (Llama-3.1-8B's qkv) for as many x rows
+    as one launch takes (1 for the decode tactics)."""
     meta = dict(device="meta")
-    x = torch.empty(1, K, dtype=torch.bfloat16, **meta)
+    rows = tw.mma_rows(tactic.as_dict()) if tactic.as_dict().get("xtiles") else 1
+    x = torch.empty(rows, K, dtype=torch.bfloat16, **meta)
     qweight = torch.empty(N, K // 8, dtype=torch.int32, **meta)
     scales = torch.empty(N, K // 128, dtype=torch.bfloat16, **meta)
     pqs = torch.empty(K, dtype=torch.bfloat16, **meta)
@@ -49,8 +52,9 @@ def test_mma_operands_stay_one_element_a_thread(tactic, use_pdl, tmp_path):
         "order = [0]}>"
     )
     mmas = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line and "mma.sync" in line]  # fmt: skip
-    tiles = tactic.as_dict()["tiles"]
-    assert len(mmas) == 8 * (1 + tiles) * tactic.as_dict()["unroll"]  # -136 chain + tiles
+    tiles, xtiles = tactic.as_dict()["tiles"], tactic.as_dict().get("xtiles", 1)
+    # a -136 chain and the tiles', for each x tile
+    assert len(mmas) == 8 * (1 + tiles) * tactic.as_dict()["unroll"] * xtiles
     for line in mmas:
         types = re.findall(r"tensor<(\d+)x\w+, (#\w+)>", line)
         assert len(types) == 14, line  # 10 operands, 4 results

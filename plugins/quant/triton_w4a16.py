@@ -72,17 +72,23 @@ def _dec(
     return Tactic(name, params)
 
 
-def _dec_mma(tiles: int, warps: int, unroll: int, prefetch: bool = False) -> Tactic:
+def _dec_mma(
+    tiles: int, warps: int, unroll: int, prefetch: bool = False, xtiles: int = 1
+) -> Tactic:
     """The tensor-core GEMV (bf16 x, up to 8 rows); what it does not take (other dtypes, more
     rows) runs the packed n16 GEMV of the same tactic, as the first tactic does. prefetch:
-    each block's words loaded a pass ahead (one tile only)."""
+    each block's words loaded a pass ahead (one tile only). xtiles: 8 x rows each (2 or 4,
+    one tile only), all taking one pass over the weights."""
     assert not prefetch or (tiles == 1 and unroll <= 2)
+    assert xtiles == 1 or (tiles == 1 and not prefetch)
     plain = (("block_n", 16), ("block_g", 16), ("num_warps", 4), ("num_stages", 1), ("max_m", 1),
              ("packed", 1))  # fmt: skip
     mma = (("mma", 1), ("tiles", tiles), ("mma_warps", warps), ("unroll", unroll))
     name = f"dec_mma_t{tiles}_w{warps}_u{unroll}_m1"
     if prefetch:
         name, mma = name + "_pf", mma + (("prefetch", 1),)
+    if xtiles > 1:
+        name, mma = name + f"_x{xtiles}", mma + (("xtiles", xtiles),)
     return Tactic(name, plain + mma)
 
 
@@ -219,6 +225,14 @@ MID_ROWS = 64
 MID_TIMED_ROWS = (16, 64)
 MID_TACTICS: tuple[Tactic, ...] = (
     _mm_split(64, 128, 128, 4, 3, 8),
+    # the tensor-core GEMV with 16 or 32 x rows a launch (each weight fragment used 2 or 4
+    # times), more rows in passes of that many (the weight read again, mostly from L2). sm_90
+    # (scripts/sass_w4a16.py): 3.7-3.9 instructions a weight for 16 rows (150 registers),
+    # 6.3-7.0 for 32 (168-244), against 2.5-2.6 for 8: not timed yet
+    _dec_mma(1, 4, 2, xtiles=2),
+    _dec_mma(1, 8, 2, xtiles=2),
+    _dec_mma(1, 4, 2, xtiles=4),
+    _dec_mma(1, 4, 1, xtiles=4),
     _mm_split(64, 128, 128, 4, 3, 4),
     _mm_split(64, 128, 128, 4, 3, 2),
     _mm_split(64, 64, 128, 4, 3, 4),
@@ -799,14 +813,16 @@ def launch_w4a16(
         if mma_takes(x, params, gated, norm, add):
             from . import w4a16_mma as wm
 
-            tiles, warps = int(params["tiles"]), int(params["mma_warps"])
-            wm._w4a16_mma_gemv_kernel[(triton.cdiv(N, 16 * tiles),)](
-                *args[:6], T, N, kb, x.stride(0), out.stride(0), wm.NEG136, wm.MAGIC2,
-                HAS_PQS=pqs is not None, HAS_BIAS=bias is not None,
-                BLOCKS_PER_GROUP=group_size // W4_BLOCK, WARPS=warps, TILES=tiles,
-                UNROLL=int(params["unroll"]), PREFETCH=bool(params.get("prefetch")),
-                num_warps=warps, num_stages=1, **launch_options(),
-            )  # fmt: skip
+            tiles, warps, rows = int(params["tiles"]), int(params["mma_warps"]), mma_rows(params)
+            for r0 in range(0, T, rows):  # passes of the rows one launch takes
+                wm._w4a16_mma_gemv_kernel[(triton.cdiv(N, 16 * tiles),)](
+                    x[r0:], *args[1:5], out[r0:], min(rows, T - r0), N, kb, x.stride(0),
+                    out.stride(0), wm.NEG136, wm.MAGIC2, HAS_PQS=pqs is not None,
+                    HAS_BIAS=bias is not None, BLOCKS_PER_GROUP=group_size // W4_BLOCK,
+                    WARPS=warps, TILES=tiles, UNROLL=int(params["unroll"]),
+                    PREFETCH=bool(params.get("prefetch")), XTILES=rows // MMA_ROWS,
+                    num_warps=warps, num_stages=1, **launch_options(),
+                )  # fmt: skip
         elif params.get("persist") and N % bn == 0 and N * kb * 16 < 2**31:
             from ..resident import resident_grid
             from . import w4a16_persistent as wp
@@ -826,16 +842,21 @@ def launch_w4a16(
     return out
 
 
-MMA_ROWS = 8  # x rows the tensor-core GEMV takes (w4a16_mma.py: the MMA's n)
+MMA_ROWS = 8  # x rows the tensor-core GEMV takes an x tile (w4a16_mma.py: the MMA's n)
+
+
+def mma_rows(params: dict) -> int:
+    """The x rows one tensor-core GEMV launch of an `mma` tactic takes (8 an x tile)."""
+    return MMA_ROWS * int(params.get("xtiles", 1))
 
 
 def mma_takes(x, params: dict, gated: bool = False, norm=None, add=None) -> bool:
     """Whether a decode call runs the tensor-core GEMV (w4a16_mma.py): an `mma` tactic, bf16
-    x of at most 8 rows, nothing folded in (SwiGLU, when asked, runs before it)."""
+    x, nothing folded in (SwiGLU, when asked, runs before it). More rows than a launch takes
+    (`mma_rows`) run in passes; the plugin routes only the rows each half is for."""
     return (
         bool(params.get("mma"))
         and x.dtype == torch.bfloat16
-        and x.shape[0] <= MMA_ROWS
         and not gated
         and norm is None
         and add is None
@@ -908,13 +929,17 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         # small decode batches run it rather than the GEMM, as the decode half (an mma one)
         # or as the small-batch half past the decode half's max_m
         mma_ok = x.dim() == 2 and x.dtype == torch.bfloat16 and norm is None and add is None
-        rows = MMA_ROWS if dec.get("mma") and mma_ok else max_m
+        rows = mma_rows(dec) if dec.get("mma") and mma_ok else max_m
         decode = x.dim() == 2 and x.shape[0] <= rows
         params = dec if decode else mm
-        if not decode and small and mma_ok and x.shape[0] <= MMA_ROWS:
+        if not decode and small and mma_ok and x.shape[0] <= mma_rows(small):
             decode, params = True, small
         elif not decode and mid and x.dim() == 2 and x.shape[0] <= MID_ROWS:
-            params = mid  # the split-K GEMM (medium decode batches)
+            # medium decode batches: the split-K GEMM, or the tensor-core GEMV in passes
+            if not mid.get("mma"):
+                params = mid
+            elif mma_ok:
+                decode, params = True, mid
         block_k = W4_BLOCK if decode else int(params["block_k"])
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches

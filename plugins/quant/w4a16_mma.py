@@ -35,7 +35,10 @@ CUDA-core GEMVs at every Llama site (qkv 12.3 us against 9.2, o 9.2 / 7.3, gate_
 it faster, so issue is not its bound. Likely the bytes in flight: a lane loads a block's 32
 bytes a tile and waits for them, with no next block loaded before this one's MMAs (the
 persistent kernel keeps one chunk in flight). The build still times these tactics per site;
-the `_pf` ones (PREFETCH) load each block a pass ahead (not timed yet).
+the `_pf` ones (PREFETCH) load each block a pass ahead (the H100 timed them slower still).
+XTILES (medium decode batches, `triton_w4a16.MID_TACTICS`): 2 or 4 groups of 8 x rows, each
+group's MMAs taking the same weight fragments, so one pass over the weights serves 16 or 32
+rows.
 """
 
 from __future__ import annotations
@@ -263,11 +266,39 @@ def _tile_chain(w_lo, w_hi, pa, pb, s: tl.constexpr, magic2):
 
 
 @triton.jit
+def _x_block(x_ptr, pqs_ptr, x_row, k_off, neg, zero, HAS_PQS: tl.constexpr):
+    """One x tile's pairs for a block (x rows x_row, k offsets k_off) and the block's -136
+    sums for them (c), which every weight tile's sums of the block take."""
+    x_off = x_row[:, None] + k_off
+    pk0 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 0, HAS_PQS))
+    pk1 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 1, HAS_PQS))
+    pk2 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 2, HAS_PQS))
+    pk3 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 3, HAS_PQS))
+    c0, c1, c2, c3 = zero, zero, zero, zero
+    for t in tl.static_range(4):
+        for s in tl.static_range(2):
+            c0, c1, c2, c3 = _mma(neg, neg, neg, neg, pk0[t] if s == 0 else pk2[t],
+                                  pk1[t] if s == 0 else pk3[t], c0, c1, c2, c3)  # fmt: skip
+    return pk0, pk1, pk2, pk3, c0, c1, c2, c3
+
+
+@triton.jit
+def _x_tile_mma(x_ptr, pqs_ptr, x_row, k_off, neg, zero, w_lo, w_hi, s_lo, s_hi, a0, a1, a2,
+                a3, magic2, HAS_PQS: tl.constexpr):  # fmt: skip
+    """A further x tile (XTILES): its pairs and -136 sums, then the loaded block's MMAs for
+    it, added to its sums (a)."""
+    pk0, pk1, pk2, pk3, c0, c1, c2, c3 = _x_block(x_ptr, pqs_ptr, x_row, k_off, neg, zero,
+                                                  HAS_PQS)  # fmt: skip
+    return _tile_mma(w_lo, w_hi, s_lo, s_hi, pk0, pk1, pk2, pk3, c0, c1, c2, c3, a0, a1, a2, a3,
+                     magic2)  # fmt: skip
+
+
+@triton.jit
 def _w4a16_mma_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, pqs_ptr, b_ptr, out_ptr, T, N, KB, sxm, som, neg136, magic2,
     HAS_PQS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCKS_PER_GROUP: tl.constexpr,
     WARPS: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, XTILES: tl.constexpr = 1,
 ):  # fmt: skip
     """out[n, m] = sum_k (x[n, k] pqs[k]) (u[m, k] - 8) scales[m, k // G] (+ b[m]) for x rows
     n < T <= 8 and this program's 16 TILES (1, 2 or 4) weight rows (module docstring). Every
@@ -276,7 +307,10 @@ def _w4a16_mma_gemv_kernel(
     at run time. PDL: the first pass's weights are prefetched into L2 before the wait (they
     never depend on the kernel before), its loads after it then hit L2. PREFETCH (TILES 1,
     UNROLL <= 2): each block's words and scales are loaded a pass ahead, so a warp has its
-    next pass's bytes in flight while it runs this one's MMAs (same sums, same bits)."""
+    next pass's bytes in flight while it runs this one's MMAs (same sums, same bits).
+    XTILES (2 or 4; TILES 1, no PREFETCH): x rows n < T <= 8 XTILES, 8 a group, each group's
+    MMAs taking the same weight fragments (one pass over the weights for up to 32 rows); the
+    groups past the first use the accumulators TILES > 1 would."""
     lane = tl.arange(0, 32 * WARPS)
     w, g, q = lane // 32, lane % 32 // 4, lane % 4
     v = tl.arange(0, 4)[None, :]
@@ -301,6 +335,9 @@ def _w4a16_mma_gemv_kernel(
     pdl_begin(PDL)
     # x row n = g, lanes of rows n >= T reading row 0: D's columns past T are never stored
     x_row = tl.where(g < T, g, 0) * sxm
+    x_row1 = tl.where(g + 8 < T, g + 8, 0) * sxm  # x tiles 1-3 (XTILES): rows 8 j + g
+    x_row2 = tl.where(g + 16 < T, g + 16, 0) * sxm
+    x_row3 = tl.where(g + 24 < T, g + 24, 0) * sxm
     zero = tl.zeros([32 * WARPS], tl.float32)
     neg = tl.full([32 * WARPS], neg136, tl.int32)
     a0, a1, a2, a3 = zero, zero, zero, zero  # tile 0's sums: rows g, g + 8 x columns 2q, 2q + 1
@@ -333,19 +370,21 @@ def _w4a16_mma_gemv_kernel(
                                                     BLOCKS_PER_GROUP)  # fmt: skip
             # x at k = 128 blk + 16 j + 4q + t (t = 0..3: a lane's 4 consecutive k)
             k_off = (blk * 128 + 4 * q)[:, None] + v
-            x_off = x_row[:, None] + k_off
-            pk0 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 0, HAS_PQS))
-            pk1 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 1, HAS_PQS))
-            pk2 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 2, HAS_PQS))
-            pk3 = _split4(_x_pairs(x_ptr, pqs_ptr, x_off, k_off, 3, HAS_PQS))
-            # the block's -136 sum x (every row's), added to each tile's sums of the block
-            c0, c1, c2, c3 = zero, zero, zero, zero
-            for t in tl.static_range(4):
-                for s in tl.static_range(2):
-                    c0, c1, c2, c3 = _mma(neg, neg, neg, neg, pk0[t] if s == 0 else pk2[t],
-                                          pk1[t] if s == 0 else pk3[t], c0, c1, c2, c3)  # fmt: skip
+            pk0, pk1, pk2, pk3, c0, c1, c2, c3 = _x_block(x_ptr, pqs_ptr, x_row, k_off, neg,
+                                                          zero, HAS_PQS)  # fmt: skip
             a0, a1, a2, a3 = _tile_mma(w_lo, w_hi, s_lo, s_hi, pk0, pk1, pk2, pk3, c0, c1, c2,
                                        c3, a0, a1, a2, a3, magic2)  # fmt: skip
+            if XTILES >= 2:  # more x rows: the same weight fragments, other x pairs
+                e0, e1, e2, e3 = _x_tile_mma(x_ptr, pqs_ptr, x_row1, k_off, neg, zero, w_lo,
+                                             w_hi, s_lo, s_hi, e0, e1, e2, e3, magic2,
+                                             HAS_PQS)  # fmt: skip
+            if XTILES == 4:
+                f0, f1, f2, f3 = _x_tile_mma(x_ptr, pqs_ptr, x_row2, k_off, neg, zero, w_lo,
+                                             w_hi, s_lo, s_hi, f0, f1, f2, f3, magic2,
+                                             HAS_PQS)  # fmt: skip
+                h0, h1, h2, h3 = _x_tile_mma(x_ptr, pqs_ptr, x_row3, k_off, neg, zero, w_lo,
+                                             w_hi, s_lo, s_hi, h0, h1, h2, h3, magic2,
+                                             HAS_PQS)  # fmt: skip
             if TILES >= 2:
                 e0, e1, e2, e3 = _tile_block(qw_ptr, s_ptr, lo1, hi1, blk, ok, wo, KB, pk0, pk1,
                                              pk2, pk3, c0, c1, c2, c3, e0, e1, e2, e3,
@@ -358,6 +397,13 @@ def _w4a16_mma_gemv_kernel(
                                              pk2, pk3, c0, c1, c2, c3, h0, h1, h2, h3,
                                              magic2, BLOCKS_PER_GROUP)  # fmt: skip
     _store(a0, a1, a2, a3, rows, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
+    if XTILES >= 2:  # x tile j: out rows 8 j + n
+        _store(e0, e1, e2, e3, rows, q, b_ptr, out_ptr + 8 * som, T - 8, N, som, WARPS, HAS_BIAS)
+    if XTILES == 4:
+        _store(f0, f1, f2, f3, rows, q, b_ptr, out_ptr + 16 * som, T - 16, N, som, WARPS,
+               HAS_BIAS)  # fmt: skip
+        _store(h0, h1, h2, h3, rows, q, b_ptr, out_ptr + 24 * som, T - 24, N, som, WARPS,
+               HAS_BIAS)  # fmt: skip
     if TILES >= 2:
         _store(e0, e1, e2, e3, rows + 16, q, b_ptr, out_ptr, T, N, som, WARPS, HAS_BIAS)
     if TILES == 4:

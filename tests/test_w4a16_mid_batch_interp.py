@@ -1,5 +1,6 @@
-"""The W4A16 medium-batch half (split-K GEMM, `triton_w4a16.MID_TACTICS`) under Triton's
-interpreter: its values against the reference and the unsplit GEMM, and which rows reach it.
+"""The W4A16 medium-batch half (`triton_w4a16.MID_TACTICS`: the split-K GEMM, the tensor-core
+GEMV with more x tiles) under Triton's interpreter: values against the reference (and the
+unsplit GEMM, the fp64 product), and which rows reach it.
 
 NOTE: the interpreter's bf16 `tl.dot` multiplies raw bits, so values are checked in fp16 and
 fp32 here (bf16 on the GPU: tests/test_gpu_quant.py); bf16 calls only check the routing.
@@ -14,7 +15,7 @@ from interp_rerun import rerun_with_interpreter
 
 if os.environ.get("TRITON_INTERPRET") != "1":
 
-    def test_w4a16_split_k_in_the_triton_interpreter():
+    def test_w4a16_mid_batch_in_the_triton_interpreter():
         rerun_with_interpreter(__file__)
 
 else:
@@ -26,11 +27,41 @@ else:
     from ingot.plugins.quant import triton_w4a16 as tw
     from ingot.plugins.quant import w4a16_mma as wm
 
-    def _run(args, params):
+    def _run(args, params, decode=False, dtype=None):
         x, qweight, scales, p, b = args
-        out = torch.full((x.shape[0], qweight.shape[0]), float("nan"), dtype=x.dtype)
-        assert tw.kernel_ok(x, qweight, scales, p, 128, None, b, int(params["block_k"]))
-        return tw.launch_w4a16(x, qweight, scales, p, 128, b, out, params, False)
+        out = torch.full((x.shape[0], qweight.shape[0]), float("nan"), dtype=dtype or x.dtype)
+        assert tw.kernel_ok(x, qweight, scales, p, 128, None, b, int(params.get("block_k", 128)))
+        return tw.launch_w4a16(x, qweight, scales, p, 128, b, out, params, decode)
+
+    MMA_X = [t for t in tw.MID_TACTICS if t.as_dict().get("mma")]
+
+    @pytest.mark.parametrize("tactic", [MMA_X[0], MMA_X[2]], ids=lambda t: t.name)
+    def test_mma_gemv_with_more_x_tiles(tactic, monkeypatch):
+        """The tensor-core GEMV with 2 or 4 x tiles of 8 rows (one pass over the weights for
+        all): without pre_quant_scale, its fp32 sums within fp32 rounding of the fp64
+        product of x and the dequantized weight; with it and bias, the reference within 1e-2;
+        rows filling the last x tile partly, all of them, and past what one launch takes (a
+        second pass on the rows after)."""
+        from ingot.plugins.quant import reference as qref
+
+        torch.manual_seed(23)
+        launched = []
+        monkeypatch.setattr(wm, "_w4a16_mma_gemv_kernel", Spy(wm._w4a16_mma_gemv_kernel, launched))
+        params = tactic.as_dict()
+        R = tw.mma_rows(params)
+        assert R == 8 * params["xtiles"] > 8
+        for K, N, T, pqs, bias in ((256, 40, R - 3, False, True), (384, 32, R, True, True),
+                                   (256, 24, R + 5, False, False)):  # fmt: skip
+            args, ref = w4_case(K, N, T, torch.bfloat16, bias, pqs)
+            x, qweight, scales, p, b = args
+            if pqs:
+                assert rel_err(_run(args, params, True), ref) < 1e-2, (K, N, T)
+                continue
+            sums = _run(args, params, True, torch.float32)  # before the interpreter's bf16 cast
+            exact = x.double() @ qref.dequantize_w4(qweight, scales, 128).double().t()
+            exact += b.double() if bias else 0.0
+            assert (sums.double() - exact).abs().max() < 1e-5 * exact.abs().max(), (K, N, T)
+        assert [kw["XTILES"] for kw in launched] == [params["xtiles"]] * 4  # 1 + 1 + 2 passes
 
     @pytest.mark.parametrize("split", [2, 4])
     @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -63,7 +94,7 @@ else:
             return t.fill_(float("nan")) if t.dtype == torch.float32 and t.dim() == 3 else t
 
         monkeypatch.setattr(torch, "empty", poisoned)
-        params = tw.MID_TACTICS[1].as_dict()
+        params = [t for t in tw.MID_TACTICS if t.as_dict().get("split_k")][1].as_dict()
         args, ref = w4_case(512, 72, 5, torch.float16, True)
         assert rel_err(_run(args, params), ref) < 1e-2
         assert [kw["SPLIT_K"] for kw in launched] == [params["split_k"]]
@@ -103,3 +134,13 @@ else:
         args, _ = w4_case(256, 40, 9, torch.bfloat16, True, pqs=False)
         pair(*args[:4], 128, None, args[4])
         assert (len(mma), len(sums)) == (1, 6)
+        # a tensor-core mid half (32 rows a launch): bf16 x of 9-64 rows in passes of 32;
+        # fp16 x and 65 rows the GEMM
+        x4 = MMA_X[2]
+        assert tw.mma_rows(x4.as_dict()) == 32
+        fn = tw.make_w4a16_linear(tw.combine_tactics(dec, mm, tw.SMALL_TACTICS[0], x4))
+        for T, dt, runs in ((9, torch.bfloat16, 2), (64, torch.bfloat16, 4),
+                            (65, torch.bfloat16, 4), (20, torch.float16, 4)):  # fmt: skip
+            args, _ = w4_case(256, 16, T, dt, False, pqs=False)
+            fn(*args[:4], 128)
+            assert (len(mma), len(sums)) == (runs, 6), T
