@@ -423,15 +423,18 @@ def test_int4_small_and_mid_batch_halves_are_bundled_and_run_their_batches(tmp_p
     shapes |= {n: (s, st[d]) for n, (s, d) in checkpoint_layout(m, q).items()}
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
     unused = unused_plugins(q.mode)
-    pair = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
+    defaults = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
 
     def with_w4a16(t):
         return tuple(replace(c, tactic=t.name, params=t.as_dict()) if c.name.startswith("w4a16")
-                     else c for c in pair)  # fmt: skip
+                     else c for c in defaults)  # fmt: skip
 
     dec, mm, sb = tw.DECODE_TACTICS[0], tw.GEMM_TACTICS[0], tw.SMALL_TACTICS[0]
     x2 = next(t for t in tw.MID_TACTICS if t.as_dict().get("xtiles") == 2)
-    variants = {"pair": pair, "small": with_w4a16(tw.combine_tactics(dec, mm, sb)),
+    # a cross-build's default: both halves (the "mid" variant)
+    assert defaults == with_w4a16(tw.combine_tactics(dec, mm, sb, tw.MID_TACTICS[0]))
+    variants = {"pair": with_w4a16(tw.combine_tactics(dec, mm)),
+                "small": with_w4a16(tw.combine_tactics(dec, mm, sb)),
                 "mid": with_w4a16(tw.combine_tactics(dec, mm, sb, tw.MID_TACTICS[0])),
                 "mid_mma": with_w4a16(tw.combine_tactics(dec, mm, sb, x2))}  # fmt: skip
     launched = {}

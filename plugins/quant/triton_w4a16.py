@@ -241,8 +241,13 @@ MID_TACTICS: tuple[Tactic, ...] = (
 )
 
 
+# NOTE: the first is the default of builds without a GPU (cross-builds): the first pair with
+# the first small-batch and medium-batch halves, each 3-6x (small, 8 rows, H100 and H200) and
+# 2-3x (split-K, 16 rows, H100) faster than the GEMM those batches ran before at qkv, o and
+# down, and at gate_up ahead at 8 and 16 rows, 14-30% behind at 32-64
 W4A16_TACTICS: tuple[Tactic, ...] = tuple(
-    [combine_tactics(DECODE_TACTICS[0], m) for m in GEMM_TACTICS]
+    [combine_tactics(DECODE_TACTICS[0], GEMM_TACTICS[0], SMALL_TACTICS[0], MID_TACTICS[0])]
+    + [combine_tactics(DECODE_TACTICS[0], m) for m in GEMM_TACTICS]
     + [combine_tactics(d, GEMM_TACTICS[0]) for d in DECODE_TACTICS[1:]]
 )
 
