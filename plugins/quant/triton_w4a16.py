@@ -654,7 +654,7 @@ def _w4a16_mm_kernel(
     """out = (x * pqs) @ dequant(qweight)^T (+ b), [BLOCK_M, BLOCK_N] tiles; K is a multiple
     of BLOCK_K, BLOCK_K of 128 and GROUP of BLOCK_K, so a chunk has one scale per row.
     SPLIT_K > 1: program (m, n, s) sums the s-th of SPLIT_K runs of K's chunks (the last ones
-    may be shorter or empty) into out[s] (fp32 [SPLIT_K, T, som], no bias: `_split_k_sum`)."""
+    may be shorter or empty) into out[s] (fp32 [SPLIT_K, T, som], no bias: `_split_k_sum_kernel`)."""
     pdl_begin(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -714,39 +714,15 @@ def _split_k_sum_kernel(part_ptr, b_ptr, out_ptr, T, N, som, SPLIT_K: tl.constex
     tl.store(out_ptr + m * som + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _split_k_mm(x, qweight, scales, pqs, group_size, bias, out, params):
-    """The GEMM with K split (`split_k` programs a tile, tiles of up to block_m rows, as few
-    as T needs): fp32 partial sums into a transient [split_k, T, N] buffer, then
-    `_split_k_sum_kernel` adds them (and the bias) into out."""
-    T, K, N = x.shape[0], x.shape[1], qweight.shape[0]
-    bn, bk, split = int(params["block_n"]), int(params["block_k"]), int(params["split_k"])
-    bm = min(int(params["block_m"]), max(16, triton.next_power_of_2(T)))  # the batch's rows
-    part = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
-    opts = launch_options()
-    _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn), split)](
-        x, qweight, scales, pqs if pqs is not None else scales, scales, part, T, N, K,
-        x.stride(0), N, _MAGIC, HAS_PQS=pqs is not None, HAS_BIAS=False,
-        IEEE=x.dtype == torch.float32, GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        STAGES=int(params.get("num_stages", 2)), SPLIT_K=split,
-        num_warps=int(params.get("num_warps", 4)), num_stages=1, **opts,
-    )  # fmt: skip
-    _split_k_sum_kernel[(triton.cdiv(T * N, 1024),)](
-        part, bias if bias is not None else scales, out, T, N, out.stride(0), SPLIT_K=split,
-        HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4, **opts,
-    )  # fmt: skip
-    return out
+def _half_params(tactic: Tactic | None, prefix: str) -> dict:
+    """The parameters of one half of a combined tactic (`combine_tactics`), prefix removed."""
+    p = tactic.as_dict() if tactic is not None else {}
+    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
 
 
 def _split_params(tactic: Tactic | None) -> tuple[dict, dict]:
-    p = tactic.as_dict() if tactic is not None else {}
-    dec = {k[4:]: v for k, v in p.items() if k.startswith("dec_")}
-    mm = {k[3:]: v for k, v in p.items() if k.startswith("mm_")}
+    dec, mm = _half_params(tactic, "dec_"), _half_params(tactic, "mm_")
     return dec or DECODE_TACTICS[0].as_dict(), mm or GEMM_TACTICS[0].as_dict()
-
-
-def _half_params(tactic: Tactic | None, prefix: str) -> dict:
-    p = tactic.as_dict() if tactic is not None else {}
-    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
 
 
 def _small_params(tactic: Tactic | None) -> dict:
@@ -836,14 +812,25 @@ def launch_w4a16(
             wp._w4a16_gemv_persistent_kernel[(grid,)](*args, **kw)
         else:
             _w4a16_gemv_kernel[(triton.cdiv(N, bn),)](*args, STAGES=stages, **kw)
-    elif int(params.get("split_k", 1)) > 1:
-        _split_k_mm(x, qweight, scales, pqs, group_size, bias, out, params)
     else:
         bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
-        _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
-            *args, K, x.stride(0), out.stride(0), _MAGIC, IEEE=x.dtype == torch.float32,
-            GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, **common,
+        split, dst, extra = int(params.get("split_k", 1)), out, {}
+        if split > 1:  # K over `split` programs a tile, tiles of up to block_m rows (as few as
+            # T needs): fp32 partial sums into a transient buffer, which _split_k_sum_kernel
+            # adds (with the bias) into out
+            bm = min(bm, max(16, triton.next_power_of_2(T)))
+            dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
+            extra = dict(SPLIT_K=split, HAS_BIAS=False)
+        _w4a16_mm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn), split)](
+            *args[:5], dst, T, N, K, x.stride(0), dst.stride(-2), _MAGIC,
+            IEEE=x.dtype == torch.float32, GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            STAGES=stages, **(common | extra),
         )  # fmt: skip
+        if split > 1:
+            _split_k_sum_kernel[(triton.cdiv(T * N, 1024),)](
+                dst, args[4], out, T, N, out.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None,
+                BLOCK=1024, num_warps=4, **launch_options(),
+            )  # fmt: skip
     return out
 
 
