@@ -254,16 +254,19 @@ def timed_choices(
     shapes = _Shapes(model, build)
     jobs: list[tuple[str, Callable[[], PluginChoice]]] = []
 
-    def best(name, cands, inputs, factory=None, before=None, **check):
-        res = time_tactics(name, cands, inputs, factory=factory, before=before, **check)
+    def best(name, cands, inputs, factory=None, before=None, pdl=False, **check):
+        res = time_tactics(name, cands, inputs, factory=factory, before=before, pdl=pdl, **check)
         return res[0][0], res
+
+    # NOTE: what a PDL engine runs at batch 1 (its decode step) is timed as its PDL variant
+    decode_pdl = build.pdl
 
     def simple(name: str) -> PluginChoice:
         spec = get_spec(name)
         cands = spec.candidates("cuda")
         if len(cands) <= 1:
             return _choice(name, cands[0] if cands else None)
-        t, res = best(name, cands, lambda: shapes.op(name))
+        t, res = best(name, cands, lambda: shapes.op(name), pdl=decode_pdl)
         return _choice(name, t, None, res)
 
     def attention() -> PluginChoice:
@@ -358,7 +361,7 @@ def timed_choices(
 
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
         t, res = best(name, get_spec(name).candidates("cuda"), inputs, resolve_factory(name),
-                      predecessor(site), **check(name))  # fmt: skip
+                      predecessor(site), decode_pdl, **check(name))  # fmt: skip
         return _choice(name, t, site, res)
 
     def w4a16(site: str, n: int, k: int, bias: bool) -> PluginChoice:
@@ -378,7 +381,7 @@ def timed_choices(
         # as tactics differ in where SwiGLU runs (as x is loaded, or a kernel before)
         gated = site == "mlp.down"
         dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size, gated=gated),
-                       factory, predecessor(site), **check(name))  # fmt: skip
+                       factory, predecessor(site), decode_pdl, **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
                       factory, None, **check(name))  # fmt: skip
         dec, mm = tw.DECODE_TACTICS[decs.index(dec)], tw.GEMM_TACTICS[mms.index(mm)]
@@ -395,7 +398,7 @@ def timed_choices(
             cands = [pair] + [tw.combine_tactics(dec, mm, s) for s in tw.SMALL_TACTICS]
             pair, r3 = best(name, cands, lambda: shapes.w4a16_gemm(n, k, bias, group_size, small,
                                                                    gated=gated),
-                            factory, None, **check(name))  # fmt: skip
+                            factory, None, decode_pdl, **check(name))  # fmt: skip
             record += [(Tactic(f"{t.name}@rows{small}", t.params), ms) for t, ms in r3]
             if pair != cands[0]:
                 sb, taken = tw.SMALL_TACTICS[cands.index(pair) - 1], tw.MMA_ROWS
@@ -447,6 +450,42 @@ def timed_choices(
             progress("timing tactics", i + 1, len(jobs))
     torch.cuda.empty_cache()
     out += [qkv_rope_choice(out, name) for name in QKV_ROPE_OF if name not in skip]
+    return unfused_if_faster(out)
+
+
+# the down projections with the activation fused in -> (the activation op, the plain GEMM
+# plugin timed at mlp.down), which decode runs instead when the fused op has no GEMV tactic
+FUSED_DOWN = {
+    "swiglu_gemm": ("swiglu", "gemm"),
+    "fp8_swiglu_gemm": ("swiglu_quant_fp8", "fp8_gemm"),
+}
+
+
+def unfused_if_faster(choices: list[PluginChoice]) -> list[PluginChoice]:
+    """A fused down projection recomputes the activation in every program of its GEMV (an
+    FP8 one at Llama-8B shapes: 34.8 us against 2.2 for the SwiGLU-quantize kernel plus 24.0
+    for the plain FP8 GEMV, H100). The decoder runs the fused op only when its tactic has a
+    GEMV (runtime/model.py `_fused_gemv`), else the activation kernel and the plain GEMM's
+    own tactic at mlp.down; so the fused op keeps its fastest GEMV tactic when that beats the
+    two's fastest times added up (timed at batch 1), else its fastest tactic without one.
+    The sum is kept in its timings as `unfused`."""
+    by = {(c.name, c.site): c for c in choices}
+    out = []
+    for c in choices:
+        act, gemm = FUSED_DOWN.get(c.name, (None, None))
+        a, g = by.get((act, None)), by.get((gemm, "mlp.down"))
+        cands = {t.name: t for t in get_spec(c.name).candidates("cuda")} if act else {}
+        timed = [(cands[n], ms) for n, ms in (c.timings_ms or {}).items() if n in cands]
+        if not (c.site is None and timed and a and g and a.timings_ms and g.timings_ms):
+            out.append(c)
+            continue
+        plain = min(a.timings_ms.values()) + min(g.timings_ms.values())
+        gemvs = [r for r in timed if int(r[0].as_dict().get("max_m", 0)) > 0]
+        others = [r for r in timed if r not in gemvs]
+        fused = min(gemvs, key=lambda r: r[1], default=None)
+        keep = fused if fused and fused[1] <= plain else min(others, key=lambda r: r[1],
+                                                              default=fused)  # fmt: skip
+        out.append(_choice(c.name, keep[0], None, timed + [(Tactic("unfused"), plain)]))
     return out
 
 

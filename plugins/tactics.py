@@ -160,6 +160,7 @@ def time_tactics(
     before: Callable[[], Any] | None = None,
     reference: Callable[..., Any] | None = None,
     tolerance: float = 1e-2,
+    pdl: bool = False,
 ) -> list[tuple[Tactic, float]]:
     """Median milliseconds per call of each candidate, fastest first.
 
@@ -172,6 +173,13 @@ def time_tactics(
     before a GEMV). Then both run with programmatic dependent launch and each candidate is
     charged what it adds to `before` alone, so a GEMV whose programs load their weights while
     `before` runs gets that credit (plugins/pdl.py).
+
+    pdl: the candidates run their PDL variants even with no `before`, as a PDL engine's decode
+    step runs them: a GEMV variant's weight chunks loaded before its wait hold registers, so
+    it may fit fewer programs an SM than its plain variant and its grid take another wave.
+    (An FP8 engine's SwiGLU GEMV picked without PDL, n8 with two such chunks, needs 160
+    registers against 128, 3 programs an SM against 4, two waves for its 512 programs; with
+    one chunk in every GEMV that engine decoded 8% faster on the H100, docs/performance.md.)
 
     reference: the op's plain-torch implementation, run once on the same inputs; a candidate
     whose first output is further than `tolerance` from it (relative error) computed the wrong
@@ -187,7 +195,7 @@ def time_tactics(
     calls = []
     for tactic in candidates:
         call = functools.partial(factory(tactic), *args, **kwargs)
-        calls.append(_in_pdl_scope(call) if before else call)
+        calls.append(_in_pdl_scope(call) if before or pdl else call)
     outputs = _first_calls(calls)
     want = _reference_output(spec_name, reference, args, kwargs)
     wrong = []

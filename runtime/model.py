@@ -111,6 +111,14 @@ class Ops:
             raise AttributeError(f"engine has no plugin {name!r}") from None
 
 
+def _fused_gemv(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """A GEMM with the activation before it fused in, or None when its tactic has no GEMV
+    (`gemv_rows` 0): the build picks such a tactic where the activation kernel and the plain
+    GEMM's own tactic at that site measured faster at batch 1 (compiler/tactic_select.py
+    `unfused_if_faster`), so the decoder runs those two."""
+    return None if getattr(fn, "gemv_rows", None) == 0 else fn
+
+
 class Decoder:
     """Forward pass over a packed batch. Holds views of the engine's weights (no copies).
 
@@ -163,7 +171,7 @@ class Decoder:
         # SwiGLU fused into the down projection (unquantized engines that have the plugin)
         self.swiglu_down = None
         if quant.mode == "none" and hasattr(ops, "swiglu_gemm"):
-            self.swiglu_down = ops.at("swiglu_gemm", "mlp.down")
+            self.swiglu_down = _fused_gemv(ops.at("swiglu_gemm", "mlp.down"))
         # FP8: the norms and SwiGLU quantize their output for the FP8 GEMM after them (engines
         # built before these plugins quantize inside the GEMM plugin instead)
         self.fp8_fused = quant.mode == "fp8" and all(
@@ -175,7 +183,7 @@ class Decoder:
         # ...and the SwiGLU-quantize folded into the FP8 down projection (engines that have it)
         self.fp8_swiglu_down = None
         if self.fp8_fused and hasattr(ops, "fp8_swiglu_gemm"):
-            self.fp8_swiglu_down = ops.at("fp8_swiglu_gemm", "mlp.down")
+            self.fp8_swiglu_down = _fused_gemv(ops.at("fp8_swiglu_gemm", "mlp.down"))
         # Quantized engines: the FP8 / W4A16 QKV GEMV with RoPE and the KV write in its
         # epilogue, for the passes its GEMV takes (`_quant_qkv_rope_rows`; larger ones keep
         # the RoPE kernel, whose V store into an FP8 pool goes a segment at a time for prompts)

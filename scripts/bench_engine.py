@@ -200,6 +200,15 @@ def timeline(events: list[dict], gaps: int = 8) -> dict:
 # change worth less than that is measured here, not across calls. (The norms folded into
 # the GEMVs, `--fused-norms`, ran 237-240 tok/s against the engine's 255 in one process on
 # 2026-12-05; no longer alternated.)
+# --quant: (convert-checkpoint's --quant, --kv-cache-dtype, --quant-lm-head)
+QUANT_MODES = {
+    "none": ("none", "auto", False),
+    "fp8": ("fp8", "fp8", False),
+    "fp8_lm_head": ("fp8", "fp8", True),
+    "int4_awq": ("int4_awq", "auto", False),
+    "int4_awq_lm_head": ("int4_awq", "auto", True),
+}
+
 AB_VARIANTS = {
     "engine": {},
     "prefetch_1": {"prefetch_bytes": 0},
@@ -371,10 +380,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--quant",
-        choices=("none", "fp8"),
+        choices=tuple(QUANT_MODES),
         default="none",
         help="fp8: an FP8 engine (W8A8 + FP8 KV cache, calibrated by ModelOpt on --device) built "
-        "with PDL, so the A/B measures PDL on FP8 (transformers eager runs the bf16 model)",
+        "with PDL, so the A/B measures PDL on FP8 (transformers eager runs the bf16 model); "
+        "fp8_lm_head: the lm_head in FP8 too; int4_awq, int4_awq_lm_head: INT4 AWQ (W4A16)",
     )
     ap.add_argument("--calib-size", type=int, default=8)
     ap.add_argument("--calib-len", type=int, default=128)
@@ -392,7 +402,7 @@ def main() -> None:
 
     result: dict = {
         "model": ("tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random bf16)")
-        + (", engine FP8 W8A8 + FP8 KV" if args.quant == "fp8" else ""),
+        + (f", engine {args.quant}" if args.quant != "none" else ""),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -409,12 +419,13 @@ def main() -> None:
         torch.cuda.empty_cache()
     t = time.perf_counter()
     quant = None
-    if args.quant == "fp8":
+    if args.quant != "none":
         from ingot.compiler.quantize import QuantOptions
 
+        mode, kv, lm_head = QUANT_MODES[args.quant]
         quant = QuantOptions(
-            "fp8", "fp8", calib_size=args.calib_size, calib_max_seq_len=args.calib_len,
-            device=args.device,
+            mode, kv, calib_size=args.calib_size, calib_max_seq_len=args.calib_len,
+            device=args.device, lm_head=lm_head,
         )  # fmt: skip
     convert_checkpoint(work / "hf", work / "ckpt", dtype="bfloat16", force=True, quant=quant)
     result["convert_s"] = time.perf_counter() - t

@@ -61,7 +61,9 @@ def test_timed_build_records_tactics_and_matches_cpu(tmp_path):
     assert {p["site"] for p in timed if p["name"] == "gemm"} >= {"attn.qkv", "mlp.down", "lm_head"}
     for p in timed:
         fastest = min(p["timings_ms"], key=p["timings_ms"].get)
-        assert p["tactic"] == fastest or "+" in p["tactic"]  # attention combines two winners
+        # attention combines two winners; a fused down projection's tactic says whether its
+        # GEMV beat the activation kernel and the plain GEMM (timed as `unfused`)
+        assert p["tactic"] == fastest or "+" in p["tactic"] or "unfused" in p["timings_ms"]
     # the GPU that timed them, so another GPU model of the same SM gets a warning at load
     assert cfg["extra"]["tactics_timed_on"] == torch.cuda.get_device_name()
     # whatever tactics won, a float32 engine still gives the CPU reference's tokens

@@ -99,7 +99,7 @@ def test_the_build_times_a_short_context_decode_tactic_under_its_bound(monkeypat
 
     bounds, fastest = [], dec.DECODE_TACTICS[3]
 
-    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None):
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **_):
         if factory is make_decode_attention and len(cands) == len(dec.DECODE_TACTICS):
             monkeypatch.setattr(tactic_select._Shapes, "_paged", lambda *a: ((), {}))
             bound = inputs()[1].get("max_context_len")
@@ -171,6 +171,62 @@ def test_a_predecessor_runs_before_each_candidate_all_in_pdl_scope(monkeypatch):
     assert sorted(seen[:2]) == [("a", 7, True), ("b", 7, True)]
     assert seen[2:] == [("norm", None, True), ("a", 7, True), ("norm", None, True), ("b", 7, True)]
     assert not pdl.active()
+
+
+def test_pdl_timing_without_a_predecessor_runs_every_candidate_in_pdl_scope(monkeypatch):
+    """time_tactics(pdl=True): each candidate's first call and its timing launch the PDL
+    variants (their extra registers counted) with nothing run before them; without it, none."""
+    from ingot.plugins import pdl
+
+    seen = []
+    monkeypatch.setattr(tactics, "_median_ms", _fake_timer)
+
+    def factory(t):
+        return lambda x: seen.append((t.name, pdl.active()))
+
+    for on in (True, False):
+        seen.clear()
+        time_tactics("op", [Tactic("a"), Tactic("b")], lambda: ((7,), {}), factory=factory,
+                     pdl=on)  # fmt: skip
+        assert sorted(seen) == [("a", on), ("a", on), ("b", on), ("b", on)]
+    assert not pdl.active()
+
+
+def test_a_pdl_build_times_every_batch1_candidate_as_its_pdl_variant(monkeypatch):
+    """With PDL on, every timing at a decode step's size (each GEMM site's GEMV candidates,
+    BF16, FP8 and INT4, the down projection's included though nothing runs before it, the
+    gated SwiGLU GEMVs, the norms, INT4's small-batch half) asks for PDL variants; the
+    prefill-sized ones (INT4's GEMM half, its 16-64-row half) and every timing of a build
+    without PDL do not."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+
+    init = tactic_select._Shapes.__init__
+    monkeypatch.setattr(tactic_select._Shapes, "__init__",
+                        lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
+    skip = frozenset(s.name for s in all_specs() if s.name == "paged_attention")
+    for on in (True, False):
+        seen = []
+
+        def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, pdl=False,
+                      seen=seen, **_):  # fmt: skip
+            rows = inputs()[0][0].shape[0]
+            seen.append((name, rows, pdl, before is not None))
+            return [(c, 1.0 + i) for i, c in enumerate(cands)]
+
+        monkeypatch.setattr(tactics, "time_tactics", fake_time)
+        build = BuildConfig(max_batch_size=64, max_seq_len=1024, max_num_tokens=2048,
+                            tokens_per_block=64, pdl=on, target="sm_90")  # fmt: skip
+        tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
+        names = {n for n, *_ in seen}
+        assert {"gemm", "fp8_gemm", "w4a16_gemm", "fp8_swiglu_gemm", "rms_norm"} <= names
+        assert {r for n, r, *_ in seen if n == "w4a16_gemm"} == {1, 8, 16, 64, 512}
+        for name, rows, pdl, before in seen:
+            assert pdl == (on and rows <= 8), (name, rows, pdl)
+            assert not before or on  # predecessors only in PDL builds
+        if on:  # the down projections: no predecessor, PDL variants all the same
+            downs = [r for r in seen if r[0] in ("gemm", "fp8_gemm") and not r[3]]
+            assert downs == [("fp8_gemm", 1, True, False), ("gemm", 1, True, False)], downs
 
 
 def test_candidates_first_run_side_by_side_before_any_is_timed(monkeypatch):
@@ -250,7 +306,7 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
     t4096 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096")
     t8192 = next(t for t in dec.DECODE_TACTICS if t.name == "p256_n32_w1_s3_t8192_m256")
 
-    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None):
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **_):
         # the large-batch inputs' (batch, real, ctx), read without building them (no GPU)
         cell = (inputs.__defaults__ or (None,))[0]
         if factory is not make_decode_attention or not isinstance(cell, tuple):
@@ -466,3 +522,62 @@ def test_int4_qkv_rope_runs_the_w4a16_pair_timed_at_attn_qkv():
     pair = tw.combine_tactics(one_row, tw.GEMM_TACTICS[0])
     got = qkv_rope_choice([_choice("w4a16_gemm", pair, "attn.qkv")], name)
     assert got.tactic == tw.W4A16_TACTICS[0].name
+
+
+def _timed(name, site, timings):
+    from ingot.runtime.engine import PluginChoice
+
+    best = min(timings, key=timings.get)
+    return PluginChoice(name, 1, best, None, site, timings)
+
+
+@pytest.mark.parametrize(
+    "fused,act,down,want",
+    [
+        # the H100 FP8 engine's timings (ms): the two kernels beat every fused GEMV
+        ({"gemv_n8_k2048_w4_s1": 0.0348, "cublaslt_qb512_w2": 0.0334}, 0.0022, 0.0240,
+         "cublaslt_qb512_w2"),
+        # a fused GEMV faster than the two: it runs, though a fused cuBLASLt timed faster
+        ({"gemv_n8_k2048_w4_s1": 0.0240, "cublaslt_qb512_w2": 0.0200}, 0.0022, 0.0240,
+         "gemv_n8_k2048_w4_s1"),
+        # no tactic without a GEMV among the timed: the fastest fused GEMV stays
+        ({"gemv_n8_k2048_w4_s1": 0.0348, "gemv_n4_k2048_w4_s1_u2": 0.0462}, 0.0022, 0.0240,
+         "gemv_n8_k2048_w4_s1"),
+    ],
+)  # fmt: skip
+def test_a_fused_down_projection_keeps_a_gemv_only_where_it_beats_the_two_kernels(
+    fused, act, down, want
+):
+    """unfused_if_faster: the fused op's tactic has a GEMV exactly when its fastest GEMV beat
+    the activation kernel plus the plain GEMM at mlp.down (the decoder then runs the fused
+    op), else it is the fastest without one (the decoder runs the two); the sum is recorded."""
+    from ingot.compiler.tactic_select import unfused_if_faster
+    from ingot.plugins.quant.cuda_fp8 import make_fp8_swiglu_linear
+    from ingot.runtime.model import _fused_gemv
+
+    choices = [
+        _timed("fp8_swiglu_gemm", None, fused),
+        _timed("swiglu_quant_fp8", None, {"b2048_w8": act, "b512_w2": act * 2}),
+        _timed("fp8_gemm", "mlp.down", {"gemv_n8_k2048_w4_s1": down, "cublaslt_qb1024_w4": 0.03}),
+        _timed("fp8_gemm", "attn.o", {"gemv_n2_k4096_w8_s1": 0.001}),
+    ]
+    out = unfused_if_faster(choices)
+    assert out[1:] == choices[1:]
+    (c,) = [c for c in out if c.name == "fp8_swiglu_gemm"]
+    assert c.tactic == want and (not c.params.get("max_m")) == want.startswith("cublas")
+    assert c.timings_ms["unfused"] == pytest.approx(act + down)
+    fn = make_fp8_swiglu_linear(Tactic(c.tactic, tuple(c.params.items())))
+    assert (_fused_gemv(fn) is None) == want.startswith("cublas")
+
+
+def test_only_a_fused_op_with_no_gemv_rows_is_dropped():
+    """_fused_gemv: a fused op is run unless its tactic has no GEMV at all (gemv_rows 0); one
+    with no such attribute (the CPU reference ops) is always run."""
+    from ingot.plugins.gemm.cuda import GEMM_TACTICS, make_swiglu_linear
+    from ingot.plugins.gemm.reference import make_swiglu_linear as ref_swiglu_linear
+    from ingot.runtime.model import _fused_gemv
+
+    for t in GEMM_TACTICS:
+        fn = make_swiglu_linear(t)
+        assert (_fused_gemv(fn) is None) == (int(t.as_dict().get("max_m", 0)) == 0)
+    assert _fused_gemv(ref_swiglu_linear(None)) is not None
