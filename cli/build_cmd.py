@@ -56,7 +56,7 @@ def build_engine_cmd(
         "GEMVs load their weights meanwhile. On an H200 (Llama-3.1-8B shapes, BF16) batch-1 "
         "decode ran +3.4% and +4.3% against it in one process (docs/performance.md). Larger "
         "batches and prefills run without it. [preset, else on for engines with unquantized "
-        "weights on sm_90+ targets]",
+        "or FP8 weights on sm_90+ targets; INT4 AWQ engines: opt-in]",
     ),
     fused_norms: bool = typer.Option(
         None,

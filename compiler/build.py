@@ -96,10 +96,12 @@ def resolve_build_config(
         values.update(build)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if "pdl" not in values:  # neither preset nor flag
-        # on for engines with unquantized weights (any KV cache); opt-in for quantized ones:
-        # an FP8 engine measured 337.0 tok/s at batch 1 with it against 343-348 without it in
-        # earlier calls (H200, docs/performance.md 2026-12-04), INT4 was not measured with it
-        pdl_default = quant is None or quant.mode == "none"
+        # on for engines with unquantized or FP8 weights (any KV cache): an FP8 engine (FP8
+        # lm_head) decoded 329.8 tok/s at batch 1 with it against 308.6 without in one process
+        # once its GEMVs were timed as their PDL variants (H100, docs/performance.md
+        # 2026-12-05 evening; before that fix PDL lost on FP8). Opt-in for INT4: its engine
+        # was measured only with it
+        pdl_default = quant is None or quant.mode in ("none", "fp8")
         values["pdl"] = pdl_default and pdl_capable(values.get("target", BuildConfig().target))
     return BuildConfig(**values)
 

@@ -248,7 +248,9 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert bool(segments) == (quant == "fp8"), segments
-    assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8")
+    # SwiGLU-quantize folded into the FP8 down GEMV where its tactic has a GEMV (the folded
+    # run's), else that kernel then the FP8 GEMM (the default cuBLASLt tactic's: unfused)
+    assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8" and bool(fold))
     gated = {c for c in w4_calls if c[0]}
     assert bool(gated) == bool(w4_calls - gated) == (quant == "int4_awq"), w4_calls
     assert bool(w4_rope) == (quant == "int4_awq"), len(w4_rope)

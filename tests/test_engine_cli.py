@@ -525,12 +525,12 @@ def test_pdl_default_follows_target_and_quantization():
 
     plain, fp8 = QuantConfig(), QuantConfig(mode="fp8", kv_cache_dtype="fp8")
     kv_only, int4 = QuantConfig(kv_cache_dtype="fp8"), QuantConfig(mode="int4_awq")
-    for q in (plain, kv_only):
+    for q in (plain, kv_only, fp8):
         assert resolve_build_config(None, {"target": "sm_90"}, quant=q).pdl
         assert not resolve_build_config(None, {"target": "sm_80"}, quant=q).pdl
         assert not resolve_build_config(None, {"target": "cpu"}, quant=q).pdl
-    for q in (fp8, int4):  # quantized weights: opt-in
-        assert not resolve_build_config(None, {"target": "sm_90"}, quant=q).pdl
+    assert not resolve_build_config(None, {"target": "sm_90"}, quant=int4).pdl  # INT4: opt-in
+    for q in (fp8, int4):
         # an explicit choice wins either way (FP8 was refused before its cause was found)
         assert resolve_build_config(None, {"target": "sm_90", "pdl": True}, quant=q).pdl
     assert not resolve_build_config(None, {"target": "sm_90", "pdl": False}, quant=plain).pdl

@@ -231,6 +231,23 @@ def gemv_acc(
 
 
 @triton.jit
+def gemv_epilogue_inputs(sx_ptr, sw_ptr, b_ptr, rn_c, SCALED: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """(x scale, x scale * weight scale, bias [BLOCK_N] fp32) of a GEMV's epilogue (1, 1 and
+    zeros where not SCALED / HAS_BIAS): static tensors, read before the loop and before a PDL
+    wait (plugins/pdl.py), so their latency hides under the weight stream."""
+    sx = 1.0
+    sxw = 1.0
+    if SCALED:
+        sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it too
+        sxw = sx * tl.load(sw_ptr)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn_c).to(tl.float32)  # rows past N re-read row 0: masked later
+    return sx, sxw, bias
+
+
+@triton.jit
 def store_add_out(y, out_ptr, o_ptrs, om, rm, mm, sums_ptr, sss):
     """A GEMV's AddOut epilogue (fused_norm.py): y [BLOCK_M, BLOCK_N] rounded to out's dtype
     and added into the residual stream at o_ptrs (rounded again), the new values' squares
@@ -309,18 +326,18 @@ def _gemv_kernel(
     rn_c = tl.where(nm, rn, 0)  # out-of-range rows re-read row 0; masked at the store
     rm = tl.arange(0, BLOCK_M)
     mm = rm < T
-    sx = 1.0
-    if SCALED:
-        sx = tl.load(sx_ptr)  # QUANT_X quantizes x with it; the epilogue rescales by it
+    # the epilogue's scales and bias (static) loaded first, before the wait: after the loop
+    # each would be one more round trip at the end of every program
+    sx, sxw, bias = gemv_epilogue_inputs(sx_ptr, sw_ptr, b_ptr, rn_c, SCALED, HAS_BIAS, BLOCK_N)
     y = gemv_acc(
         x_ptr, w_ptr, rn_c, T, K, sxm_v * VEC, swn_v * VEC, sx,
         BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, GATED, PDL, QUANT_X, PRE,
         NORM, wn_ptr, ss_ptr, sss, eps,
     )  # fmt: skip
     if SCALED:
-        y = y * (sx * tl.load(sw_ptr))
+        y = y * sxw
     if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+        y += bias[None, :]
     o_ptrs = out_ptr + rm[:, None] * som + rn[None, :]
     om = mm[:, None] & nm[None, :]
     if ADD_OUT:

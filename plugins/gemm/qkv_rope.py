@@ -25,7 +25,15 @@ from ..quant.cuda_fp8 import FP8_GEMM_TACTICS
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic
 from ..rope.triton_kernels import make_rope_write_kv
-from .cuda import GEMM_TACTICS, gemv_acc, gemv_ok, gemv_pdl_options, make_linear, norm_args
+from .cuda import (
+    GEMM_TACTICS,
+    gemv_acc,
+    gemv_epilogue_inputs,
+    gemv_ok,
+    gemv_pdl_options,
+    make_linear,
+    norm_args,
+)
 from .fused_norm import NormIn, normed_input
 from .reference import unfused_qkv_rope
 
@@ -186,18 +194,17 @@ def _qkv_rope_kernel(
     rm_c = tl.where(mm, rm, 0)
     c1, c2, s1, s2, slot, ok, ks, vs = rope_inputs(pos_ptr, cos_ptr, sin_ptr, slot_ptr, ks_ptr,
                                                    vs_ptr, rm_c, mm, d, s_cos, HALF, KV_FP8)  # fmt: skip
-    sx = 1.0
-    if SCALED:
-        sx = tl.load(sx_ptr)
+    # as the FP8 GEMV: the exact fp32 sum times both scales, then the bias (read up front)
+    sx, sxw, bias = gemv_epilogue_inputs(sx_ptr, sw_ptr, b_ptr, rn, SCALED, HAS_BIAS, BLOCK_N)
     y = gemv_acc(
         x_ptr, w_ptr, rn, T, K_v * VEC, sxm_v * VEC, swn_v * VEC, sx,
         BLOCK_M, BLOCK_N, BLOCK_K, VEC, STAGES, UNROLL, False, PDL, QUANT_X, PRE,
         NORM, wn_ptr, ss_ptr, sss, eps,
     )  # fmt: skip
-    if SCALED:  # as the FP8 GEMV: the exact fp32 sum times both scales, then the bias
-        y = y * (sx * tl.load(sw_ptr))
+    if SCALED:
+        y = y * sxw
     if HAS_BIAS:
-        y += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        y += bias[None, :]
     rope_epilogue(y, h, d, rm, mm, c1, c2, s1, s2, slot, ok, ks, vs, q_ptr, kc_ptr, vc_ptr,
                   sqt, sqh, sk_blk, sk_tok, sk_h, sv_blk, sv_tok, sv_h, sv_d, HQ, HKV,
                   HALF, BS, KV_FP8, BLOCK_M, BLOCK_N)  # fmt: skip

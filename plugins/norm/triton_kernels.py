@@ -40,11 +40,12 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    pdl_begin(PDL)
-    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
+    # the norm weight before the wait: nothing writes it during a forward pass (plugins/pdl.py)
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    pdl_begin(PDL)
+    pid = tl.program_id(0)
     for i in tl.static_range(ROWS):
         row = pid * ROWS + i
         if row < n_rows:

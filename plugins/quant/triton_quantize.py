@@ -67,12 +67,13 @@ def quant_fp8(y, scale):
 def _quantize_kernel(
     x_ptr, s_ptr, out_ptr, D, sx, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
+    scale = tl.load(s_ptr)  # static: read before the wait (plugins/pdl.py)
     pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D
     x = tl.load(x_ptr + row * sx + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * so + cols, quant_fp8(x, tl.load(s_ptr)), mask=m)
+    tl.store(out_ptr + row * so + cols, quant_fp8(x, scale), mask=m)
 
 
 @triton.jit
@@ -93,10 +94,15 @@ def _rms_norm_quant_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    pdl_begin(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    # the norm weight and the static scale first, before the wait (nothing writes them during
+    # a forward pass, plugins/pdl.py): their DRAM round trips overlap the kernel before,
+    # rather than following the sum of squares
     cols = tl.arange(0, BLOCK_D)
     m = cols < D
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    scale = tl.load(s_ptr)
+    pdl_begin(PDL)
+    row = tl.program_id(0).to(tl.int64)
     x = tl.load(x_ptr + row * sx + cols, mask=m, other=0.0)
     if HAS_RES:
         r = tl.load(res_ptr + row * sr + cols, mask=m, other=0.0)
@@ -104,16 +110,16 @@ def _rms_norm_quant_kernel(
         tl.store(res_out_ptr + row * sro + cols, x, mask=m)
     h = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
-    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     # the norm plugin's result in the activation dtype: weight * (h * rstd).to(dtype)
     y = ((h * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w).to(x_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * so + cols, quant_fp8(y.to(tl.float32), tl.load(s_ptr)), mask=m)
+    tl.store(out_ptr + row * so + cols, quant_fp8(y.to(tl.float32), scale), mask=m)
 
 
 @triton.jit
 def _swiglu_quant_kernel(
     x_ptr, s_ptr, out_ptr, inter, sx, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
+    scale = tl.load(s_ptr)  # static: read before the wait (plugins/pdl.py)
     pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -121,7 +127,7 @@ def _swiglu_quant_kernel(
     g = tl.load(x_ptr + row * sx + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * sx + inter + cols, mask=m, other=0.0).to(tl.float32)
     y = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)  # the swiglu plugin's result
-    tl.store(out_ptr + row * so + cols, quant_fp8(y.to(tl.float32), tl.load(s_ptr)), mask=m)
+    tl.store(out_ptr + row * so + cols, quant_fp8(y.to(tl.float32), scale), mask=m)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
