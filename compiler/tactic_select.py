@@ -375,16 +375,22 @@ def timed_choices(
 
         name = "w4a16_gemm"
         factory, rows = resolve_factory(name), min(512, build.max_num_tokens)
-        decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
-        mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
         # the down projection's decode GEMV takes [gate | up] in every INT4 engine: timed so,
-        # as tactics differ in where SwiGLU runs (as x is loaded, or a kernel before)
+        # as tactics differ in where SwiGLU runs (as x is loaded, or a kernel before: the
+        # tensor-core ones, and each other one's `swiglu_apart` twin, timed there only)
         gated = site == "mlp.down"
+        dec_cands = list(tw.DECODE_TACTICS)
+        if gated:
+            dec_cands += [
+                tw.swiglu_apart(d) for d in tw.DECODE_TACTICS if not d.as_dict().get("mma")
+            ]
+        decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in dec_cands]
+        mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
         dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size, gated=gated),
                        factory, predecessor(site), decode_pdl, **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
                       factory, None, **check(name))  # fmt: skip
-        dec, mm = tw.DECODE_TACTICS[decs.index(dec)], tw.GEMM_TACTICS[mms.index(mm)]
+        dec, mm = dec_cands[decs.index(dec)], tw.GEMM_TACTICS[mms.index(mm)]
         pair = tw.combine_tactics(dec, mm)
         record = [(Tactic(f"{t.name}@b1", t.params), ms) for t, ms in r1]
         record += [(Tactic(f"{t.name}@rows{rows}", t.params), ms) for t, ms in r2]

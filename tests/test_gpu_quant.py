@@ -366,11 +366,19 @@ def test_w4a16_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
                                         exact=False, device=DEV, K=4096)  # fmt: skip
 
 
-@pytest.mark.parametrize("tactic", tw.DECODE_TACTICS, ids=ids(tw.DECODE_TACTICS))
+# the down projection's candidates: every decode tactic, and the non-mma ones' twins that run
+# the SwiGLU kernel first (`swiglu_apart`)
+DOWN_TACTICS = tw.DECODE_TACTICS + tuple(
+    tw.swiglu_apart(t) for t in tw.DECODE_TACTICS if not t.as_dict().get("mma")
+)
+
+
+@pytest.mark.parametrize("tactic", DOWN_TACTICS, ids=ids(DOWN_TACTICS))
 def test_w4a16_gemv_applies_swiglu_as_it_loads(tactic):
     """gated=True at the down projection's shape: the GEMV given [gate | up] writes the bits
     the GEMV gives on the SwiGLU kernel's output (the same fp32 math rounded once), for every
-    decode tactic and row count up to its max_m; past max_m, SwiGLU then the GEMM."""
+    decode tactic (and `swiglu_apart` twin) and row count up to its max_m; past max_m,
+    SwiGLU then the GEMM."""
     from ingot.plugins.activation.triton_kernels import make_swiglu
 
     N, K = 4096, 14336

@@ -361,6 +361,33 @@ else:
                 ref = qref.w4a16_linear(gate_up, qweight, scales, p, 128, None, b, gated=True)
                 assert rel_err(out, ref) < 1e-2
 
+    @pytest.mark.parametrize("packed", [False, True])
+    def test_w4a16_swiglu_apart_runs_the_swiglu_kernel_then_the_plain_gemv(packed, monkeypatch):
+        """A `swiglu_apart` decode tactic (the down projection's extra candidates) given
+        [gate | up] runs the SwiGLU kernel, then its GEMV ungated; its plain twin runs the
+        GEMV gated. The same bits either way."""
+        torch.manual_seed(9)
+        launches = []
+        monkeypatch.setattr(tw, "launch_w4a16", _Spy.calls_of(tw.launch_w4a16, launches))
+        tactic = next(t for t in tw.DECODE_TACTICS if bool(t.as_dict().get("packed")) == packed
+                      and not t.as_dict().get("mma") and not t.as_dict().get("persist"))  # fmt: skip
+        apart = tw.swiglu_apart(tactic)
+        assert apart.as_dict()["swiglu_apart"] == 1 and apart.name == tactic.name + "_sa"
+        dtype = torch.bfloat16 if packed else torch.float16
+        K = 384
+        (_, qweight, scales, p, b), _ = _w4_case(K, 37, 1, dtype, True)
+        gate_up = torch.randn(1, 2 * K).to(dtype)
+        outs = []
+        for t in (tactic, apart):
+            launches.clear()
+            fn = tw.make_w4a16_linear(tw.combine_tactics(t, tw.GEMM_TACTICS[0]))
+            outs.append(fn(gate_up, qweight, scales, p, 128, None, b, gated=True))
+            (a,) = launches  # one GEMV: gated, or on the SwiGLU kernel's [1, K]
+            assert a[8] is True and a[9] is (t is tactic) and a[0].shape == (1, K * (1 + a[9]))
+        assert torch.equal(outs[0], outs[1])
+        ref = qref.w4a16_linear(gate_up, qweight, scales, p, 128, None, b, gated=True)
+        assert rel_err(outs[1], ref) < 1e-2
+
     PERSISTENT = [t for t in tw.DECODE_TACTICS if t.as_dict().get("persist")]
 
     @pytest.mark.parametrize("tactic", PERSISTENT, ids=lambda t: t.name)

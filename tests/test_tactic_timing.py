@@ -581,3 +581,43 @@ def test_only_a_fused_op_with_no_gemv_rows_is_dropped():
         fn = make_swiglu_linear(t)
         assert (_fused_gemv(fn) is None) == (int(t.as_dict().get("max_m", 0)) == 0)
     assert _fused_gemv(ref_swiglu_linear(None)) is not None
+
+
+def test_int4_down_projection_also_times_each_gemv_with_swiglu_apart(monkeypatch):
+    """At mlp.down (gated: [gate | up] in) the decode candidates are every decode tactic and
+    each non-tensor-core one's `swiglu_apart` twin (SwiGLU by its kernel first); the other
+    sites time the decode tactics alone. A twin timed fastest is what the down site keeps."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+    from ingot.plugins.quant import triton_w4a16 as tw
+
+    init = tactic_select._Shapes.__init__
+    monkeypatch.setattr(tactic_select._Shapes, "__init__",
+                        lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
+    twins = [tw.swiglu_apart(d) for d in tw.DECODE_TACTICS if not d.as_dict().get("mma")]
+    dec_lists = []
+
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **_):
+        decs = {c.name.split("+")[0] for c in cands}
+        if len(decs) > 1 and all("+mid_" not in c.name and "+small_" not in c.name for c in cands):
+            dec_lists.append(([c.name.split("+")[0] for c in cands], inputs()[1].get("gated")))
+            fast = twins[1].name  # the second twin is fastest wherever it is a candidate
+            return sorted(((c, 0.5 if c.name.startswith(fast + "+") else 1.0) for c in cands),
+                          key=lambda r: r[1])  # fmt: skip
+        return [(c, 1.0 + i) for i, c in enumerate(cands)]
+
+    monkeypatch.setattr(tactics, "time_tactics", fake_time)
+    build = BuildConfig(max_batch_size=1, max_seq_len=1024, max_num_tokens=2048,
+                        tokens_per_block=64, pdl=False)  # fmt: skip
+    skip = frozenset(s.name for s in all_specs() if s.name != "w4a16_gemm")
+    sites = {c.site: c for c in tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip)
+             if c.site}  # fmt: skip
+    plain = [d.name for d in tw.DECODE_TACTICS]
+    assert sorted(dec_lists, key=lambda r: bool(r[1])) == [(plain, None)] * 3 + [
+        (plain + [t.name for t in twins], True)
+    ]
+    assert sites["mlp.down"].params["dec_swiglu_apart"] == 1
+    assert sites["mlp.down"].tactic.startswith(twins[1].name + "+")
+    assert all(
+        "dec_swiglu_apart" not in sites[s].params for s in ("attn.qkv", "attn.o", "mlp.gate_up")
+    )

@@ -193,6 +193,14 @@ GEMM_TACTICS: tuple[Tactic, ...] = (  # block_k: a multiple of 128 (whole interl
 )
 
 
+def swiglu_apart(dec: Tactic) -> Tactic:
+    """The decode GEMV `dec` given SwiGLU's output by the SwiGLU kernel rather than applying
+    it as x is loaded (the down projection's candidates): a gated GEMV recomputes silu(gate) *
+    up over all of K in every program, which made the FP8 down GEMV 33% slower than the two
+    kernels (H100, docs/performance.md 2026-12-05 evening). The same bits either way."""
+    return Tactic(dec.name + "_sa", dec.params + (("swiglu_apart", 1),))
+
+
 def combine_tactics(
     dec: Tactic, mm: Tactic, small: Tactic | None = None, mid: Tactic | None = None
 ) -> Tactic:
@@ -936,7 +944,8 @@ def make_w4a16_linear(tactic: Tactic | None = None):
         args = (qweight, scales, pre_quant_scale, group_size, zeros, bias)
         on_gpu = x.device.type in _KERNEL_DEVICES  # meta: the AOT dry run records the launches
         if on_gpu and gated and not (decode and kernel_ok(x, *args, block_k, gated=True)
-                                     and not mma_takes(x[:, : x.shape[1] // 2], params)):  # fmt: skip
+                                     and not mma_takes(x[:, : x.shape[1] // 2], params)
+                                     and not params.get("swiglu_apart")):  # fmt: skip
             x, gated = swiglu(x), False
         kernel = on_gpu and kernel_ok(x, *args, block_k, gated=gated)
         if not (kernel and decode and folds_ok(x, qweight, norm, add)):
