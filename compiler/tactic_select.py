@@ -336,22 +336,31 @@ def timed_choices(
         }
         return pick_over_contexts(by_shape)
 
-    def predecessor(site: str) -> Callable[[], Any] | None:
-        """What a PDL engine's batch-1 decode step runs just before the GEMM at `site` (decode
-        attention before the o projection, a norm before qkv, gate_up and the lm_head), so
-        the GEMV tactics are timed as they run there: loading weights while it runs. With
-        decode attention taking ~5 us at batch 1, a tactic whose programs are all resident
-        at once can load most of its weights before its input exists (plugins/pdl.py)."""
+    def predecessor(name: str, site: str) -> Callable[[], Any] | None:
+        """What a PDL engine's batch-1 decode step runs just before the GEMM plugin `name` at
+        `site` (decode attention before the o projection; a norm before qkv, gate_up and the
+        lm_head, an FP8 engine's quantizing one before its qkv and gate_up; before a BF16 or
+        FP8 down GEMV the SwiGLU (-quantize) kernel, which is when that GEMV runs at decode,
+        `unfused_if_faster`), so the GEMV tactics are timed as they run there: loading
+        weights while it runs. With decode attention taking ~5 us at batch 1, a tactic whose
+        programs are all resident at once can load most of its weights before its input
+        exists (plugins/pdl.py). INT4's down GEMV follows the gate_up GEMV (SwiGLU inside
+        the op)."""
         if not build.pdl:
             return None
+        fp8 = name == "fp8_gemm"
         if site == "attn.o":
             args, kw = shapes.attention(1, min(256, build.max_seq_len), kv_fp8)
             fn = make_decode_attention(DECODE_TACTICS[0])
-        elif site in ("attn.qkv", "mlp.gate_up", "lm_head"):
-            args, kw = shapes.op("add_rms_norm")
-            fn = resolve_factory("add_rms_norm")(get_spec("add_rms_norm").default_tactic("cuda"))
-        else:  # mlp.down follows the gate_up GEMV
+            return lambda: fn(*args, **kw)
+        if site in ("attn.qkv", "mlp.gate_up", "lm_head"):
+            op = "rms_norm_quant_fp8" if fp8 and site != "lm_head" else "add_rms_norm"
+        elif site == "mlp.down" and name in ("gemm", "fp8_gemm"):
+            op = "swiglu_quant_fp8" if fp8 else "swiglu"
+        else:
             return None
+        args, kw = shapes.op(op)
+        fn = resolve_factory(op)(get_spec(op).default_tactic("cuda"))
         return lambda: fn(*args, **kw)
 
     def check(name: str) -> dict[str, Any]:
@@ -361,7 +370,7 @@ def timed_choices(
 
     def gemm(name: str, site: str, inputs: Callable[[], Any]) -> PluginChoice:
         t, res = best(name, get_spec(name).candidates("cuda"), inputs, resolve_factory(name),
-                      predecessor(site), decode_pdl, **check(name))  # fmt: skip
+                      predecessor(name, site), decode_pdl, **check(name))  # fmt: skip
         return _choice(name, t, site, res)
 
     def w4a16(site: str, n: int, k: int, bias: bool) -> PluginChoice:
@@ -387,7 +396,7 @@ def timed_choices(
         decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in dec_cands]
         mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
         dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size, gated=gated),
-                       factory, predecessor(site), decode_pdl, **check(name))  # fmt: skip
+                       factory, predecessor(name, site), decode_pdl, **check(name))  # fmt: skip
         mm, r2 = best(name, mms, lambda: shapes.w4a16_gemm(n, k, bias, group_size, rows),
                       factory, None, **check(name))  # fmt: skip
         dec, mm = dec_cands[decs.index(dec)], tw.GEMM_TACTICS[mms.index(mm)]
@@ -473,8 +482,9 @@ def unfused_if_faster(choices: list[PluginChoice]) -> list[PluginChoice]:
     for the plain FP8 GEMV, H100). The decoder runs the fused op only when its tactic has a
     GEMV (runtime/model.py `_fused_gemv`), else the activation kernel and the plain GEMM's
     own tactic at mlp.down; so the fused op keeps its fastest GEMV tactic when that beats the
-    two's fastest times added up (timed at batch 1), else its fastest tactic without one.
-    The sum is kept in its timings as `unfused`."""
+    two's fastest times added up (timed at batch 1; in a PDL build the plain GEMM's time is
+    what it adds after the activation kernel, `predecessor`), else its fastest tactic without
+    one. The sum is kept in its timings as `unfused`."""
     by = {(c.name, c.site): c for c in choices}
     out = []
     for c in choices:

@@ -194,24 +194,37 @@ def test_pdl_timing_without_a_predecessor_runs_every_candidate_in_pdl_scope(monk
 
 def test_a_pdl_build_times_every_batch1_candidate_as_its_pdl_variant(monkeypatch):
     """With PDL on, every timing at a decode step's size (each GEMM site's GEMV candidates,
-    BF16, FP8 and INT4, the down projection's included though nothing runs before it, the
-    gated SwiGLU GEMVs, the norms, INT4's small-batch half) asks for PDL variants; the
-    prefill-sized ones (INT4's GEMM half, its 16-64-row half) and every timing of a build
-    without PDL do not."""
+    BF16, FP8 and INT4, the gated SwiGLU GEMVs, the norms, INT4's small-batch half) asks for
+    PDL variants, INT4's down GEMV too though nothing runs before it; the prefill-sized ones
+    (INT4's GEMM half, its 16-64-row half) and every timing of a build without PDL do not.
+    Each GEMM site's batch-1 GEMVs are timed after what the engine runs before them: decode
+    attention before o; before qkv and gate_up the norm (an FP8 engine's quantizing one);
+    before BF16 and FP8 down the SwiGLU (-quantize) kernel; the norm before the lm_head."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
+    from ingot.plugins.attention import triton_decode
 
     init = tactic_select._Shapes.__init__
     monkeypatch.setattr(tactic_select._Shapes, "__init__",
                         lambda self, m, b, device="cuda": init(self, m, b, "meta"))  # fmt: skip
+    ran = []  # the predecessor ops a timing ran
+    resolve = tactics.resolve_factory
+    preds = ("add_rms_norm", "rms_norm_quant_fp8", "swiglu", "swiglu_quant_fp8")
+    monkeypatch.setattr(tactics, "resolve_factory", lambda n: (
+        (lambda t: lambda *a, **k: ran.append(n)) if n in preds else resolve(n)))  # fmt: skip
+    monkeypatch.setattr(triton_decode, "make_decode_attention",
+                        lambda t: lambda *a, **k: ran.append("attention"))  # fmt: skip
     skip = frozenset(s.name for s in all_specs() if s.name == "paged_attention")
     for on in (True, False):
         seen = []
 
         def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, pdl=False,
                       seen=seen, **_):  # fmt: skip
+            ran.clear()
+            if before is not None:
+                before()
             rows = inputs()[0][0].shape[0]
-            seen.append((name, rows, pdl, before is not None))
+            seen.append((name, rows, pdl, ran[0] if ran else None))
             return [(c, 1.0 + i) for i, c in enumerate(cands)]
 
         monkeypatch.setattr(tactics, "time_tactics", fake_time)
@@ -221,12 +234,16 @@ def test_a_pdl_build_times_every_batch1_candidate_as_its_pdl_variant(monkeypatch
         names = {n for n, *_ in seen}
         assert {"gemm", "fp8_gemm", "w4a16_gemm", "fp8_swiglu_gemm", "rms_norm"} <= names
         assert {r for n, r, *_ in seen if n == "w4a16_gemm"} == {1, 8, 16, 64, 512}
-        for name, rows, pdl, before in seen:
+        for name, rows, pdl, _ in seen:
             assert pdl == (on and rows <= 8), (name, rows, pdl)
-            assert not before or on  # predecessors only in PDL builds
-        if on:  # the down projections: no predecessor, PDL variants all the same
-            downs = [r for r in seen if r[0] in ("gemm", "fp8_gemm") and not r[3]]
-            assert downs == [("fp8_gemm", 1, True, False), ("gemm", 1, True, False)], downs
+        before = {g: [p for n, r, _, p in seen if n == g and r == 1]
+                  for g in ("gemm", "fp8_gemm", "w4a16_gemm")}  # fmt: skip
+        norm, att = "add_rms_norm", "attention"
+        want = {"gemm": [norm, att, norm, "swiglu", norm],
+                "fp8_gemm": ["rms_norm_quant_fp8", att, "rms_norm_quant_fp8", "swiglu_quant_fp8"],
+                "w4a16_gemm": [norm, att, norm, None]}  # fmt: skip
+        no_pred = {g: [None] * len(w) for g, w in want.items()}
+        assert before == (want if on else no_pred), before
 
 
 def test_candidates_first_run_side_by_side_before_any_is_timed(monkeypatch):
