@@ -11,7 +11,9 @@ for ingot and for transformers eager `generate` on the same weights. Writes JSON
 `--quant fp8` benchmarks an FP8 engine instead (ModelOpt calibration on --device; PDL on, so
 `--ab-rounds` compares it with PDL off in one process): on the H200 through
 `BENCH_ARGS="--ab-rounds 3 --quant fp8 --skip-hf" bash scripts/device_check.sh bench` (ModelOpt
-carried as in `quant`).
+carried as in `quant`). `fp8_lm_head`: the lm_head in FP8 too (what the issue's FP8 roofline
+counts); `int4_awq`, `int4_awq_lm_head`: INT4 AWQ engines (AWQ's search makes the convert
+slow: minutes at Llama-8B shapes, keep --calib-size small).
 """
 
 from __future__ import annotations
