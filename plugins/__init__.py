@@ -110,7 +110,7 @@ _op(
     (),
     "quant.reference:make_fp8_linear",
     "quant.cuda_fp8:make_fp8_linear",
-    "quant.cuda_fp8:FP8_GEMM_TACTICS",
+    "quant.cuda_fp8:FP8_GEMM_CANDIDATES",
 )
 # FP8 engines: the activation quantization fused into the op before each FP8 GEMM.
 _op(

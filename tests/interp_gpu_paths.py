@@ -178,7 +178,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     # the same weights, bound to the GPU plugins (default tactics) instead of the references
     unused = unused_plugins(cpu.config.quant.mode, cpu.config.quant.lm_head)
     choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
-    if fold and quant == "fp8":  # FP8 GEMMs default to cuBLASLt: a GEMV tactic folds
+    if fold and quant == "fp8":  # the SwiGLU down defaults to unfused: a fused GEMV folds
         from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
 
         gemv = next(t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m"))
@@ -249,7 +249,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert bool(segments) == (quant == "fp8"), segments
     # SwiGLU-quantize folded into the FP8 down GEMV where its tactic has a GEMV (the folded
-    # run's), else that kernel then the FP8 GEMM (the default cuBLASLt tactic's: unfused)
+    # run's), else that kernel then the FP8 GEMM (the default, cuBLASLt tactic's: unfused)
     assert (ex.decoder.fp8_swiglu_down is not None) == (quant == "fp8" and bool(fold))
     gated = {c for c in w4_calls if c[0]}
     assert bool(gated) == bool(w4_calls - gated) == (quant == "int4_awq"), w4_calls
