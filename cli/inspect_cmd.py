@@ -72,6 +72,9 @@ def inspect_engine_cmd(
     for p in cfg.plugins:
         label = f"{p.name}@{p.site}" if p.site else p.name
         timed = f"  ({min(p.timings_ms.values()):.4f} ms)" if p.timings_ms else ""
+        if "unfused" in (p.timings_ms or {}) and not (p.params or {}).get("max_m"):
+            # compiler/tactic_select.unfused_if_faster: the decoder runs the two kernels
+            timed += "  unfused: the activation kernel, then the GEMM at mlp.down"
         typer.echo(f"  {label:<22} v{p.version}  tactic {p.tactic or '-'}{timed}")
     extra = cfg.extra or {}
     for name, digest in cfg.rank_files.items():

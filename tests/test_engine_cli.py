@@ -263,6 +263,25 @@ def test_engine_tuned_on_another_gpu_model_runs_with_a_one_line_warning(
     assert r.exit_code == 0 and "tactics timed on NVIDIA H200" in r.stdout, r.output
 
 
+def test_inspect_says_when_a_fused_down_projection_runs_unfused(engine, tmp_path):
+    """A fused down projection whose timed tactic has no GEMV (the build found the activation
+    kernel plus the plain GEMM faster: `unfused` in its timings) is shown as unfused; one
+    that kept its GEMV is not."""
+    e = _copy(engine, tmp_path)
+    d = json.loads((e / "config.json").read_text())
+    timings = {"gemv_n8_k1024_w4_s1": 0.0448, "cublas": 0.0450, "unfused": 0.0452}
+    fused = {"name": "swiglu_gemm", "version": 1, "site": None, "timings_ms": timings}
+    for tactic, params, shown in (("cublas", {}, True),
+                                  ("gemv_n8_k1024_w4_s1", {"max_m": 4, "block_n": 8}, False)):  # fmt: skip
+        plugins = [p for p in d["plugins"] if p["name"] != "swiglu_gemm"]
+        plugins.append(fused | {"tactic": tactic, "params": params})
+        _edit_config(e, plugins=plugins)
+        r = invoke("inspect-engine", e)
+        assert r.exit_code == 0, r.output
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith("swiglu_gemm"))
+        assert ("unfused: the activation kernel, then the GEMM at mlp.down" in line) == shown, line
+
+
 def test_tuned_elsewhere_warns_only_for_another_gpu_model(engine):
     from ingot.runtime.engine import TACTICS_TIMED_ON, read_engine_config, warn_if_tuned_elsewhere
     from ingot.runtime.errors import IngotWarning
