@@ -355,8 +355,8 @@ def timed_choices(
             return lambda: fn(*args, **kw)
         if site in ("attn.qkv", "mlp.gate_up", "lm_head"):
             op = "rms_norm_quant_fp8" if fp8 and site != "lm_head" else "add_rms_norm"
-        elif site == "mlp.down" and name in ("gemm", "fp8_gemm"):
-            op = "swiglu_quant_fp8" if fp8 else "swiglu"
+        elif site == "mlp.down" and name in DOWN_ACTIVATION:
+            op = DOWN_ACTIVATION[name]
         else:
             return None
         args, kw = shapes.op(op)
@@ -388,11 +388,7 @@ def timed_choices(
         # as tactics differ in where SwiGLU runs (as x is loaded, or a kernel before: the
         # tensor-core ones, and each other one's `swiglu_apart` twin, timed there only)
         gated = site == "mlp.down"
-        dec_cands = list(tw.DECODE_TACTICS)
-        if gated:
-            dec_cands += [
-                tw.swiglu_apart(d) for d in tw.DECODE_TACTICS if not d.as_dict().get("mma")
-            ]
+        dec_cands = tw.decode_candidates(gated)
         decs = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in dec_cands]
         mms = [tw.combine_tactics(tw.DECODE_TACTICS[0], m) for m in tw.GEMM_TACTICS]
         dec, r1 = best(name, decs, lambda: shapes.w4a16_gemm(n, k, bias, group_size, gated=gated),
@@ -474,6 +470,8 @@ FUSED_DOWN = {
     "swiglu_gemm": ("swiglu", "gemm"),
     "fp8_swiglu_gemm": ("swiglu_quant_fp8", "fp8_gemm"),
 }
+# the plain GEMM plugin -> the activation kernel before it at mlp.down when run unfused
+DOWN_ACTIVATION = {gemm: act for act, gemm in FUSED_DOWN.values()}
 
 
 def unfused_if_faster(choices: list[PluginChoice]) -> list[PluginChoice]:

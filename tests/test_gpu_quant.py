@@ -368,9 +368,7 @@ def test_w4a16_qkv_rope_gemv_llama_shapes(tactic, kv_dtype):
 
 # the down projection's candidates: every decode tactic, and the non-mma ones' twins that run
 # the SwiGLU kernel first (`swiglu_apart`)
-DOWN_TACTICS = tw.DECODE_TACTICS + tuple(
-    tw.swiglu_apart(t) for t in tw.DECODE_TACTICS if not t.as_dict().get("mma")
-)
+DOWN_TACTICS = tw.decode_candidates(gated=True)
 
 
 @pytest.mark.parametrize("tactic", DOWN_TACTICS, ids=ids(DOWN_TACTICS))

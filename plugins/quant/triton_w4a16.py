@@ -201,6 +201,14 @@ def swiglu_apart(dec: Tactic) -> Tactic:
     return Tactic(dec.name + "_sa", dec.params + (("swiglu_apart", 1),))
 
 
+def decode_candidates(gated: bool) -> list[Tactic]:
+    """The decode GEMV candidates of a site: every decode tactic, and where x is [gate | up]
+    (the down projection) each non-tensor-core one's `swiglu_apart` twin too (the tensor-core
+    ones run the SwiGLU kernel first anyway)."""
+    twins = [swiglu_apart(d) for d in DECODE_TACTICS if not d.as_dict().get("mma")] if gated else []
+    return list(DECODE_TACTICS) + twins
+
+
 def combine_tactics(
     dec: Tactic, mm: Tactic, small: Tactic | None = None, mid: Tactic | None = None
 ) -> Tactic:
