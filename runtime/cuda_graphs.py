@@ -4,11 +4,15 @@ A decode-only step of B sequences runs the graph of the smallest bucket >= B. Ro
 padding: they write their KV into the cache's scratch block and attend to one scratch token, so
 they never touch a real sequence. All of a step's inputs travel in one pinned host buffer and
 one copy; the graph also takes the argmax, so a greedy step reads back B integers.
+
+A step with prompt tokens of up to a few sequences (PrefillGraphs) runs the graph of the
+smallest token bucket that holds it, padded the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +22,8 @@ from .memory import PREFILL_GRAPH_TOKENS
 from .model import AttnMetadata, Decoder, SampleRows
 from .sampler import greedy_tokens
 from .step_inputs import recorded_event, segments
+
+K = TypeVar("K", bound=Hashable)  # a graph's key: batch size, or (sequences, tokens)
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -57,17 +63,18 @@ def packed_int32(
 
 
 def capture_graphs(
-    buckets: list[int],
-    run: Callable[[int], tuple[torch.Tensor, ...]],
-    prepare: Callable[[int], None] | None = None,
-) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, tuple[torch.Tensor, ...]]]:
+    buckets: list[K],
+    run: Callable[[K], tuple[torch.Tensor, ...]],
+    prepare: Callable[[K], None] | None = None,
+) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, tuple[torch.Tensor, ...]]]:
     """One graph of `run(b)` per bucket, and the tensors each graph writes its results to.
 
-    Largest bucket first, so the smaller graphs reuse its memory pool. `prepare(b)` runs before
+    `buckets` smallest first; captured largest first, so the smaller graphs reuse its memory
+    pool. `prepare(b)` runs before
     each bucket's warm-up, which really executes, so the static inputs must be valid for it.
     """
-    graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+    graphs: dict[K, torch.cuda.CUDAGraph] = {}
+    outputs: dict[K, tuple[torch.Tensor, ...]] = {}
     pool = None
     for b in reversed(buckets):
         if prepare is not None:
@@ -244,13 +251,24 @@ def prefill_bucket(buckets: list[int], tokens: int) -> int | None:
     return b
 
 
-class PrefillGraphs:
-    """Captured prefill of one sequence's chunk of up to `buckets[-1]` tokens (the time to first
-    token of a lone short prompt is launch-bound when run op by op from Python; a long one
-    still loses the host's launch time in its first layers, before the host gets ahead).
+# A prefill graph holds up to this many sequences (and its padding one): several prompts that
+# arrive together, or a prompt's chunk beside a few decodes (a mixed step), run captured too.
+# Eagerly, op by op from Python, such a step of 128-token prompts took 38-55 ms on the H100
+# against ~5 ms for one prompt in its graph (docs/performance.md, 2026-12-05 evening).
+PREFILL_GRAPH_SEQS = 8
 
-    The step runs as two sequences: the real chunk, and a padding sequence that fills the
-    bucket, writing to and reading from the scratch block only.
+
+class PrefillGraphs:
+    """Captured prefill steps of up to `buckets[-1]` tokens from up to `max_seqs` sequences
+    (the time to first token of short prompts is launch-bound when run op by op from Python; a
+    long one still loses the host's launch time in its first layers, before the host gets
+    ahead).
+
+    Graphs are keyed (tier, bucket): a tier-s graph runs steps of at most s sequences, with
+    slots for s; tiers 1 and `max_seqs`. The real sequences take the first slots; the slots
+    left hold empty sequences, and one more sequence fills the bucket with padding tokens.
+    Both live in the scratch block: they write to and read from it only. Each graph samples s
+    rows: the step's sampling rows first, then rows of the padding sequence (discarded).
     """
 
     def __init__(
@@ -260,93 +278,93 @@ class PrefillGraphs:
         buckets: list[int],
         max_blocks_per_seq: int,
         device: torch.device,
+        max_seqs: int = 1,
     ) -> None:
         self.decoder, self.kv, self.buckets = decoder, kv, buckets
-        n, w = buckets[-1], max_blocks_per_seq
-        # ids | positions | slots [n] | ctx [2] | qsl [3] | last [1] | tables [2, w]
-        self.host, self.dev, h, d = packed_int32([n, n, n, 2, 3, 1, 2 * w], device)
-        self.h = h[:6] + [h[6].reshape(2, w)]
-        self.d = d[:6] + [d[6].view(2, w)]
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tiers = sorted({1, max(1, max_seqs)})
+        s, n, w = self.tiers[-1], buckets[-1], max_blocks_per_seq
+        # ids | positions | slots [n] | ctx [s+1] | qsl [s+2] | last | seqs [s] | tables [s+1, w]
+        self.host, self.dev, h, d = packed_int32([n, n, n, s + 1, s + 2, s, s, (s + 1) * w], device)
+        self.h = h[:7] + [h[7].reshape(s + 1, w)]
+        self.d = d[:7] + [d[7].view(s + 1, w)]
+        self.keys = [(tier, b) for b in buckets for tier in self.tiers]  # smallest first
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.out: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._copied: torch.cuda.Event | None = None  # the last copy out of `host`
-        self._seq0 = torch.zeros(1, dtype=torch.int32, device=device)  # the real chunk's index
-        self._fill(
-            1,
-            0,
-            np.zeros(1, np.int32),
-            np.zeros(1, np.int32),
-            np.zeros(1, np.int32),
-            np.zeros(w, np.int32),
-            buckets[-1],
-        )
-        self.dev.copy_(self.host)
+        self._fill_dummy(self.keys[-1])
         self._capture_all()
 
-    def _fill(self, t: int, ctx: int, ids, pos, slots, table, bucket: int) -> None:
-        h_ids, h_pos, h_slots, h_ctx, h_qsl, h_last, h_tables = self.h
+    def _fill(self, key: tuple[int, int], ids, pos, slots, ctx, qsl, tables, rows) -> None:
+        """The host inputs of graph `key` for a step of len(ctx) sequences: their tokens'
+        ids, positions and KV slots, context lengths, query start offsets, block tables, and
+        the indices of the sequences that sample (`rows`)."""
+        tier, bucket = key
+        h_ids, h_pos, h_slots, h_ctx, h_qsl, h_last, h_seqs, h_tables = self.h
         scratch = self.kv.scratch_block
-        pad = bucket - t
+        n, t, r = len(ctx), len(ids), len(rows)
         h_ids[:t], h_pos[:t], h_slots[:t] = ids, pos, slots
-        h_ids[t:], h_pos[t:] = 0, 0
-        h_slots[t:] = scratch * self.kv.tokens_per_block
-        h_ctx[:] = (ctx, max(pad, 1))
-        h_qsl[:] = (0, t, bucket)
-        h_last[0] = t - 1
-        h_tables[0] = table
-        h_tables[1] = scratch
+        h_ids[t:bucket], h_pos[t:bucket] = 0, 0
+        h_slots[t:bucket] = scratch * self.kv.tokens_per_block
+        h_ctx[:n], h_qsl[: n + 1], h_tables[:n] = ctx, qsl, tables
+        h_ctx[n:tier], h_qsl[n + 1 : tier + 1] = 1, t  # empty sequences
+        h_ctx[tier], h_qsl[tier + 1] = max(bucket - t, 1), bucket  # the padding sequence
+        h_tables[n : tier + 1] = scratch
+        h_last[:r], h_seqs[:r] = np.asarray(qsl)[np.asarray(rows) + 1] - 1, rows
+        h_last[r:tier], h_seqs[r:tier] = bucket - 1, tier
 
-    def _run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, pos, slots, ctx, qsl, last, tables = self.d
+    def _run(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        tier, bucket = key
+        ids, pos, slots, ctx, qsl, last, seqs, tables = self.d
         meta = AttnMetadata(
-            slots[:bucket], tables, ctx, qsl, tables.shape[1] * self.kv.tokens_per_block, bucket
-        )
-        rows = SampleRows(last, self._seq0)  # the chunk's last row (the padding never samples)
+            slots[:bucket], tables[: tier + 1], ctx[: tier + 1], qsl[: tier + 2],
+            tables.shape[1] * self.kv.tokens_per_block, bucket,
+        )  # fmt: skip
+        rows = SampleRows(last[:tier], seqs[:tier])
         hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv, rows)
         logits = self.decoder.step_logits(hidden)
         return logits, greedy_tokens(logits)
 
-    def _fill_dummy(self, bucket: int) -> None:
-        """A one-token "prompt" that lives in the scratch block, padded to `bucket`."""
+    def _fill_dummy(self, key: tuple[int, int]) -> None:
+        """A one-token "prompt" that lives in the scratch block, padded to the bucket."""
         scratch, w = self.kv.scratch_block, self.h[-1].shape[1]
-        self._fill(
-            1,
-            1,
-            np.zeros(1, np.int32),
-            np.zeros(1, np.int32),
-            np.full(1, scratch * self.kv.tokens_per_block, np.int32),
-            np.full(w, scratch, np.int32),
-            bucket,
-        )
+        slot = scratch * self.kv.tokens_per_block
+        one, table = np.ones(1, np.int32), np.full((1, w), scratch, np.int32)
+        self._fill(key, one * 0, one * 0, one * slot, one, [0, 1], table, one * 0)
         self.dev.copy_(self.host)
 
     def _capture_all(self) -> None:
-        self.graphs, self.out = capture_graphs(self.buckets, self._run, self._fill_dummy)
+        self.graphs, self.out = capture_graphs(self.keys, self._run, self._fill_dummy)
 
-    def can_run(self, plan) -> bool:
-        return (
-            plan.num_seqs == 1
-            and plan.num_prefill == 1
-            and bool(plan.samples[0])
-            and prefill_bucket(self.buckets, plan.num_tokens) is not None
-        )
+    def key(self, plan, rows: np.ndarray) -> tuple[int, int] | None:
+        """The graph a step with prompt tokens runs in, sampling `rows` (at least one), or None
+        (run it eagerly)."""
+        if plan.num_prefill == 0 or len(rows) == 0:
+            return None
+        tier = next((s for s in self.tiers if s >= plan.num_seqs), None)
+        bucket = prefill_bucket(self.buckets, plan.num_tokens)
+        return None if tier is None or bucket is None else (tier, bucket)
 
-    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """A one-sequence prefill plan -> (logits [1, V], argmax [1])."""
-        t = plan.num_tokens
-        bucket = prefill_bucket(self.buckets, t)
+    def can_run(self, plan, rows: np.ndarray) -> bool:
+        return self.key(plan, rows) is not None
+
+    def run(
+        self, plan, rows: np.ndarray, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step `can_run` accepts -> (logits [len(rows), V], argmax [len(rows)]) of its
+        sampling rows, views valid until the next run. ids: the input tokens of the plan's
+        trailing decodes on the device (int32), instead of the plan's (a chained step)."""
+        key = self.key(plan, rows)
         if self._copied is not None:
             self._copied.synchronize()  # a pipelined executor may not have waited for it
         self._fill(
-            t,
-            int(plan.context_lens[0]),
-            plan.input_ids,
-            plan.positions,
-            plan.slot_mapping,
-            plan.block_tables[0],
-            bucket,
-        )
+            key, plan.input_ids, plan.positions, plan.slot_mapping, plan.context_lens,
+            plan.query_start_loc, plan.block_tables, rows,
+        )  # fmt: skip
         self.dev.copy_(self.host, non_blocking=True)
         self._copied = recorded_event(self.dev.device)
-        self.graphs[bucket].replay()
-        return self.out[bucket]
+        if ids is not None:
+            t = plan.num_tokens
+            self.d[0][t - ids.shape[0] : t].copy_(ids)
+        self.graphs[key].replay()
+        logits, greedy = self.out[key]
+        return logits[: len(rows)], greedy[: len(rows)]

@@ -50,11 +50,11 @@ class Executor:
     of max_seq_len tokens (within a budget), on a GPU `kv_cache_free_gpu_memory_fraction` of
     the memory left after weights and activations. policy: "guaranteed_no_evict" or
     "max_utilization" (the C++ core's admission policies). cuda_graphs: replay decode steps
-    from graphs captured per batch-size bucket, and a lone prompt's prefill from graphs per
-    token bucket (GPU only; tp 1 only for now). comm: this
-    rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0 schedules,
-    broadcasts each plan and samples, the other ranks run `follow`. pipeline: launch the next
-    step before reading this one's tokens back, when its sampling allows (`step`).
+    from graphs captured per batch-size bucket, and steps with prompt tokens of up to
+    PREFILL_GRAPH_SEQS sequences from graphs per token bucket (GPU only; tp 1 only for now).
+    comm: this rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0
+    schedules, broadcasts each plan and samples, the other ranks run `follow`. pipeline: launch
+    the next step before reading this one's tokens back, when its sampling allows (`step`).
     """
 
     def __init__(
@@ -122,7 +122,13 @@ class Executor:
         )
         self.graphs = self.prefill_graphs = None
         if cuda_graphs and self.device.type == "cuda" and comm is None:
-            from .cuda_graphs import SHORT_TIER, DecodeGraphs, PrefillGraphs, prefill_buckets
+            from .cuda_graphs import (
+                PREFILL_GRAPH_SEQS,
+                SHORT_TIER,
+                DecodeGraphs,
+                PrefillGraphs,
+                prefill_buckets,
+            )
 
             width = self.scheduler.config.max_blocks_per_seq
             self.graphs = DecodeGraphs(
@@ -133,8 +139,9 @@ class Executor:
             buckets = prefill_buckets(b.max_num_tokens)
             if buckets:
                 self.prefill_graphs = PrefillGraphs(
-                    self.decoder, self.kv, buckets, width, self.device
-                )
+                    self.decoder, self.kv, buckets, width, self.device,
+                    min(PREFILL_GRAPH_SEQS, b.max_batch_size),
+                )  # fmt: skip
             lap("prefill_graphs")
         engine.wait_verified()
         lap("checksum_wait")
@@ -376,8 +383,8 @@ class Executor:
         if plan.num_prefill == 0 and self.graphs is not None and self.graphs.can_run(plan.num_seqs):
             return self.graphs.run(plan, ids)  # decode: every row samples
         pg = self.prefill_graphs
-        if pg is not None and pg.can_run(plan) and not self._wants_prompt_logits(plan):
-            return pg.run(plan)  # one prompt's last chunk (time to first token)
+        if pg is not None and pg.can_run(plan, rows) and not self._wants_prompt_logits(plan):
+            return pg.run(plan, rows, ids)  # prompts (time to first token), a few decodes beside
         # eager: the step's arrays (tp: broadcast to every rank, which run the same forward)
         qsl = np.asarray(plan.query_start_loc)
         ranges = self._prompt_ranges(plan)

@@ -71,6 +71,8 @@ def sync(device: torch.device) -> None:
 
 # seconds the GPU sits idle before each "spaced" TTFT sample (a request reaching an idle server)
 PAUSE_S = 0.5
+# prompts sent at once for the concurrent time-to-first-token samples
+CONCURRENT = (2, 4, 8)
 
 
 def make_model(shape: dict, device: torch.device, out_dir: Path):
@@ -319,6 +321,17 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
     eager = ttft_samples(60)
     ex.prefill_graphs = graphs
     spaced = ttft_samples(70, pause=PAUSE_S)
+
+    def together(seed: int) -> dict[int, list[float]]:
+        """Seconds to the first tokens of n 128-token prompts sent at once (one prefill step
+        of them all), three times per n."""
+        return {n: [serve(prompts(n, 128, vocab, seed + i), 1)[0] for i in range(3)]
+                for n in CONCURRENT}  # fmt: skip
+
+    concurrent = together(80)  # in a prefill graph of up to PREFILL_GRAPH_SEQS sequences
+    graphs, ex.prefill_graphs = ex.prefill_graphs, None
+    concurrent_eager = together(90)
+    ex.prefill_graphs = graphs
     m = ex.config.model
     try:  # NOTE: a failure here must not cost the other figures
         ab = decode_ab(ex, decode_b1, args)
@@ -353,6 +366,13 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
             str(n): [round(x * 1e3, 3) for x in v] for n, v in spaced.items()
         },
         "ttft_eager_samples_ms": {str(n): [round(x * 1e3, 3) for x in v] for n, v in eager.items()},
+        # n prompts of 128 tokens at once: "n" -> samples
+        "ttft_concurrent_samples_ms": {
+            str(n): [round(x * 1e3, 3) for x in v] for n, v in concurrent.items()
+        },
+        "ttft_concurrent_eager_samples_ms": {
+            str(n): [round(x * 1e3, 3) for x in v] for n, v in concurrent_eager.items()
+        },
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
         # NOTE: what a decode step reads (the embedding and RoPE tables only a row per token)
         "weight_bytes": decode_weight_bytes(ex.decoder.w, m),

@@ -16,35 +16,10 @@ from pathlib import Path
 
 import torch
 import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
+from recorded_graphs import record_graphs
 from reference_runs import random_prompts
 
 import ingot.runtime.cuda_graphs as cg
-
-
-class _Recorded:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def replay(self) -> None:
-        self.fn()
-
-
-def _record_graphs(buckets, run, prepare=None):
-    """Stands in for cuda_graphs.capture_graphs: `replay()` re-runs the call into the same
-    output tensors, as a graph replay writes into its captured outputs."""
-    graphs, outputs = {}, {}
-    for b in reversed(buckets):
-        if prepare is not None:
-            prepare(b)
-        outputs[b] = tuple(x.clone() for x in run(b))
-
-        def again(b=b):
-            results = run(b)
-            for dst, src in zip(outputs[b], results, strict=True):
-                dst.copy_(src)
-
-        graphs[b] = _Recorded(again)
-    return graphs, outputs
 
 
 class _Counted:
@@ -162,7 +137,7 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     from ingot.runtime.executor import Executor
     from ingot.runtime.types import SamplingParams
 
-    cg.capture_graphs = _record_graphs
+    cg.capture_graphs = record_graphs
     root = Path(tempfile.mkdtemp())
     opts, sizes = None, {}
     if quant == "fp8":
@@ -211,9 +186,12 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     for tier, graphs in (("short", ex.graphs.short_graphs), ("main", ex.graphs.graphs)):
         for g in graphs.values():
             g.replay = lambda _r=g.replay, _t=tier: tiers.__setitem__(_t, tiers[_t] + 1) or _r()
+    # steps of up to 8 sequences with prompt tokens: the batch's first steps, a chunk beside
+    # decodes
     ex.prefill_graphs = cg.PrefillGraphs(
-        ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu")
+        ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu"), 8
     )
+    assert ex.prefill_graphs.tiers == [1, 8]
     # an FP8 pool's prompt V goes in a segment of tokens at a time (rope.triton_kernels)
     from ingot.plugins.rope import triton_kernels as rope_gpu
 
@@ -239,12 +217,18 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
             return _run(plan, *ids)
 
         runner.run = counted
+    steps = []  # (prompts, sequences) of each step in a prefill graph
+    pg_run = ex.prefill_graphs.run
+    ex.prefill_graphs.run = lambda plan, *a: (
+        steps.append((plan.num_prefill, plan.num_seqs)) or pg_run(plan, *a)
+    )
     batched = [r.output_ids for r in ex.generate(prompts, params)]
     alone = [ex.generate([p], params)[0].output_ids for p in prompts[:3]]
     assert batched == ref, (batched, ref)
     assert alone == ref[:3], (alone, ref[:3])
     assert used["decode"] > 0 and used["prefill"] >= 3, used
     assert tiers["short"] > 0 and tiers["main"] > 0, tiers
+    assert any(p > 1 for p, _ in steps) and any(p < n for p, n in steps), steps
     assert ex.decoder.fp8_fused == ex.decoder.fp8_kv == (quant == "fp8")
     assert ex.decoder.fused_rope_kv  # RoPE + KV write in one kernel, FP8 cache included
     assert bool(segments) == (quant == "fp8"), segments

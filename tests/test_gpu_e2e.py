@@ -221,7 +221,7 @@ def test_long_lone_prompts_run_in_large_prefill_graphs_or_eagerly(tmp_path):
     assert ex.prefill_graphs.buckets[-2:] == [768, 1024]
     used = []
     run = ex.prefill_graphs.run
-    ex.prefill_graphs.run = lambda plan: used.append(plan.num_tokens) or run(plan)
+    ex.prefill_graphs.run = lambda plan, *a: used.append(plan.num_tokens) or run(plan, *a)
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
     on_gpu = [ex.generate([p], params)[0].output_ids for p in prompts]
     assert used == [1024, 730, 768]

@@ -523,3 +523,32 @@ def test_quantized_engines_run_the_qkv_rope_gemv_at_decode_sizes(mode, fused_nor
         if fp8:
             assert {_constexpr(s, fn, "SCALED") for s in fused} == {True}
             assert [_constexpr(s, fn, "QUANT_X") for s in fused] == norm
+
+
+@pytest.mark.parametrize("max_batch_size", [64, 4])
+def test_prefill_graphs_of_several_sequences_launch_bundled_binaries(monkeypatch, max_batch_size):
+    """The prefill graph runner itself (runtime/cuda_graphs.PrefillGraphs, each graph run once
+    on the `meta` device instead of captured) launches only binaries the bundle holds, at
+    every (sequences, tokens) key it captures."""
+    from recorded_graphs import record_graphs
+
+    import ingot.runtime.cuda_graphs as cg
+    from ingot.compiler import kernel_bundle as kb
+
+    monkeypatch.setattr(cg, "capture_graphs", record_graphs)
+    m = LLAMA_3_1_8B
+    b = BuildConfig(max_batch_size=max_batch_size, max_seq_len=4096, max_num_tokens=1024,
+                    tokens_per_block=64, target="sm_90", pdl=True)  # fmt: skip
+    choices = tuple(default_choices("sm_90", m))
+    shapes = {n: (s, torch.bfloat16) for n, s in expected_tensor_shapes(m).items()}
+    shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
+    bundle = engine_launches(m, QuantConfig(), b, choices, shapes)
+    decoder, kv = kb.dry_run_decoder(m, QuantConfig(), b, choices, shapes)
+    seqs = min(cg.PREFILL_GRAPH_SEQS, max_batch_size)
+    width = -(-b.max_seq_len // b.tokens_per_block)
+    buckets = cg.prefill_buckets(b.max_num_tokens)
+    with kb.recorded_launches() as specs:
+        pg = cg.PrefillGraphs(decoder, kv, buckets, width, torch.device("meta"), seqs)
+    assert set(pg.graphs) == {(s, t) for s in {1, seqs} for t in buckets}
+    assert any(s.fn.endswith(":_decode_kernel") for s in specs)  # the sampling rows' attention
+    assert binaries(specs) <= binaries(bundle)

@@ -6,10 +6,14 @@ preemption, cancellation and requests that join mid-run."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from recorded_graphs import record_graphs
 
+import ingot.runtime.cuda_graphs as cg
 from ingot.compiler.build import build_engine
 from ingot.compiler.convert import convert_checkpoint
 from ingot.compiler.examples import make_tiny_hf_model
@@ -41,11 +45,13 @@ def _prompts(vocab: int) -> list[list[int]]:
     return out + [shared + p[:6] for p in out[:3]]
 
 
-def _serve(eng, prompts, params, pipeline: bool, **kw):
+def _serve(eng, prompts, params, pipeline: bool, prepare=None, **kw):
     """Half the prompts at once, the rest one per step while the others decode; one request
     cancelled after its third token. Returns (per request: tokens, reason, callback tokens),
-    and the executor."""
+    and the executor. prepare(executor) runs before the first request."""
     ex = Executor(eng, pipeline=pipeline, **kw)
+    if prepare is not None:
+        prepare(ex)
     seen: dict[int, list[int]] = {}
     stop_after = {}  # request id -> stop-check after this many tokens
 
@@ -138,6 +144,62 @@ def test_has_unfinished_until_the_last_step_is_read(engine):
         assert calls < 10
     assert len(req.output_ids) == 3 and req.finish_reason == FinishReason.LENGTH
     assert ex.step() == []  # nothing left: a no-op
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_steps_with_prompts_in_prefill_graphs_give_the_eager_tokens(engine, monkeypatch, pipeline):
+    """Prefill graphs (runtime/cuda_graphs.py) run steps of up to `max_seqs` sequences with
+    prompt tokens: prompts that arrive together, a chunk beside decodes (chained: their input
+    tokens from the device). Their padding (empty sequence slots, the padding sequence, the
+    discarded sampling rows) changes no token. On the CPU the graphs are recorded (re-run into
+    their outputs); the GPU test below captures them."""
+    monkeypatch.setattr(cg, "capture_graphs", record_graphs)
+    prompts, params, eos = _workload(engine)
+    eng = _with_eos(engine, eos)
+    eager, _ = _serve(eng, prompts, params, pipeline=pipeline)
+    steps = []  # per graphed step: graph key, prompts, sequences, chained
+
+    def graphs(ex):
+        width = ex.scheduler.config.max_blocks_per_seq
+        pg = cg.PrefillGraphs(ex.decoder, ex.kv, [16, 32, 64], width, ex.device, 6)
+        run = pg.run
+
+        def counted(plan, rows, ids=None):
+            steps.append((pg.key(plan, rows), plan.num_prefill, plan.num_seqs, ids is not None))
+            return run(plan, rows, ids)
+
+        pg.run, ex.prefill_graphs = counted, pg
+
+    graphed, ex = _serve(eng, prompts, params, pipeline=pipeline, prepare=graphs)
+    assert graphed == eager
+    assert {key[0] for key, *_ in steps} == {6}, steps  # up to six sequences
+    assert any(p > 1 for _, p, _, _ in steps)  # several prompts in one graph
+    assert any(p < n for _, p, n, _ in steps)  # a mixed step
+    assert any(chained for *_, chained in steps) == pipeline
+    # a lone prompt: the tier of one sequence
+    lone = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    alone = ex.generate([prompts[2]], lone)[0].output_ids
+    assert steps[-1][0][0] == 1  # (its prefix reused: the last tokens only)
+    assert alone == Executor(eng).generate([prompts[2]], lone)[0].output_ids
+
+
+def test_prefill_graph_inputs_pad_the_step_with_empty_and_padding_sequences():
+    """A mixed step of a 5-token chunk and two decodes in the tier-4, 16-token graph: three
+    real sequences, one empty slot, the padding sequence (9 tokens, scratch block); sampling
+    rows of the chunk and the second decode, then padding-sequence rows."""
+    pg = cg.PrefillGraphs.__new__(cg.PrefillGraphs)
+    pg.kv = SimpleNamespace(scratch_block=7, tokens_per_block=8)
+    _, _, h, _ = cg.packed_int32([16, 16, 16, 5, 6, 4, 4, 5 * 3], torch.device("cpu"))
+    pg.h = h[:7] + [h[7].reshape(5, 3)]
+    tables = np.array([[1, 2, 0], [3, 0, 0], [4, 5, 6]], np.int32)
+    pg._fill((4, 16), np.arange(7) + 100, [0, 1, 2, 3, 4, 8, 20], np.arange(7) + 50,
+             [5, 9, 21], [0, 5, 6, 7], tables, np.array([0, 2]))  # fmt: skip
+    ids, pos, slots, ctx, qsl, last, seqs, tab = pg.h
+    assert ids.tolist() == [*range(100, 107)] + [0] * 9
+    assert pos[7:].tolist() == [0] * 9 and slots[7:].tolist() == [56] * 9
+    assert ctx.tolist() == [5, 9, 21, 1, 9] and qsl.tolist() == [0, 5, 6, 7, 7, 16]
+    assert tab[:3].tolist() == tables.tolist() and (tab[3:] == 7).all()
+    assert last.tolist() == [4, 6, 15, 15] and seqs.tolist() == [0, 2, 4, 4]
 
 
 @pytest.mark.gpu
