@@ -1,7 +1,8 @@
 """W4A16 (INT4 AWQ, group 128) GEMV at batch 1 on the Llama-3.1-8B layer shapes: every decode
 tactic's median time (L2 flushed between calls), the bytes it must read (packed weights, scales,
 x) against the measured copy bandwidth, and the per-layer sum of the best tactics. The down
-projection is timed on [gate | up] (SwiGLU included), as engines run it (since 2026-12-05).
+projection is timed on [gate | up] (SwiGLU included), as engines run it (since 2026-12-05): each
+GEMV gated, and its `swiglu_apart` twin (the SwiGLU kernel, then the GEMV ungated).
 Then decode batches: at 8 rows the GEMM tactics against the small-batch halves (`small_batch`),
 at 16 and 64 rows against the medium-batch (split-K) halves (`mid_batch`).
 
@@ -40,9 +41,11 @@ def inputs(N: int, K: int, gated: bool = False, rows: int = 1):
 def main() -> None:
     args, bw = bench_cli(__doc__, "bench_w4a16.json", 30,
                          (("--batches-only", "only the 8-64-row batches"),))  # fmt: skip
-    tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0]) for d in tw.DECODE_TACTICS]
     rows, best = [], {}
     for name, (N, K) in {} if args.batches_only else SHAPES.items():
+        # the build's candidates: at down also each GEMV with the SwiGLU kernel first (`_sa`)
+        tactics = [tw.combine_tactics(d, tw.GEMM_TACTICS[0])
+                   for d in tw.decode_candidates(name == "down")]  # fmt: skip
         t = time_tactics("w4a16_gemm", tactics, fixed(*inputs(N, K, name == "down")), args.reps,
                          factory=tw.make_w4a16_linear)  # fmt: skip
         nbytes = N * K // 2 + (K // GROUP) * N * 2 + K * 4 + N * 2
