@@ -5,8 +5,8 @@ padding: they write their KV into the cache's scratch block and attend to one sc
 they never touch a real sequence. All of a step's inputs travel in one pinned host buffer and
 one copy; the graph also takes the argmax, so a greedy step reads back B integers.
 
-A step with prompt tokens of up to a few sequences (PrefillGraphs) runs the graph of the
-smallest token bucket that holds it, padded the same way.
+A step with prompt tokens of up to 64 sequences (PrefillGraphs) runs the graph of the
+smallest token bucket and sequence tier that hold it, padded the same way.
 """
 
 from __future__ import annotations
@@ -251,11 +251,23 @@ def prefill_bucket(buckets: list[int], tokens: int) -> int | None:
     return b
 
 
-# A prefill graph holds up to this many sequences (and its padding one): several prompts that
-# arrive together, or a prompt's chunk beside a few decodes (a mixed step), run captured too.
-# Eagerly, op by op from Python, such a step of 128-token prompts took 38-55 ms on the H100
-# against ~5 ms for one prompt in its graph (docs/performance.md, 2026-12-05 evening).
-PREFILL_GRAPH_SEQS = 8
+# Sequence tiers of the prefill graphs, (sequences, largest token bucket): a step with prompt
+# tokens runs in the graph of the smallest tier that holds its sequences at its bucket. Several
+# prompts that arrive together, or a prompt's chunk beside requests that are decoding (a mixed
+# step), then run captured too: eagerly, op by op from Python, a 128-token prefill step took
+# 38-55 ms on the H100 against ~5 ms in its graph (docs/performance.md, 2026-12-05 evening),
+# and every decoding request waits for it. Tier 64 (the default max_batch_size) stops at
+# SMALL_PREFILL tokens: past that the step's GPU time outgrows the host's launch time.
+PREFILL_GRAPH_TIERS = ((1, LARGE_PREFILL), (8, LARGE_PREFILL), (64, SMALL_PREFILL))
+
+
+def prefill_graph_keys(buckets: list[int], max_batch_size: int) -> list[tuple[int, int]]:
+    """(sequences, tokens) of the captured prefill graphs, by tokens then sequences: each
+    tier of PREFILL_GRAPH_TIERS (capped at max_batch_size) at each of `buckets` up to its
+    limit."""
+    keys = {(min(s, max_batch_size), b) for s, top in PREFILL_GRAPH_TIERS for b in buckets
+            if b <= top}  # fmt: skip
+    return sorted(keys, key=lambda k: (k[1], k[0]))
 
 
 class PrefillGraphs:
@@ -264,8 +276,8 @@ class PrefillGraphs:
     long one still loses the host's launch time in its first layers, before the host gets
     ahead).
 
-    Graphs are keyed (tier, bucket): a tier-s graph runs steps of at most s sequences, with
-    slots for s; tiers 1 and `max_seqs`. The real sequences take the first slots; the slots
+    Graphs are keyed (tier, bucket) (`prefill_graph_keys`): a tier-s graph runs steps of at
+    most s sequences, with slots for s. The real sequences take the first slots; the slots
     left hold empty sequences, and one more sequence fills the bucket with padding tokens.
     Both live in the scratch block: they write to and read from it only. Each graph samples s
     rows: the step's sampling rows first, then rows of the padding sequence (discarded).
@@ -275,19 +287,20 @@ class PrefillGraphs:
         self,
         decoder: Decoder,
         kv: KVCache,
-        buckets: list[int],
+        keys: list[tuple[int, int]],
         max_blocks_per_seq: int,
         device: torch.device,
-        max_seqs: int = 1,
     ) -> None:
-        self.decoder, self.kv, self.buckets = decoder, kv, buckets
-        self.tiers = sorted({1, max(1, max_seqs)})
-        s, n, w = self.tiers[-1], buckets[-1], max_blocks_per_seq
+        self.decoder, self.kv, self.keys = decoder, kv, keys  # smallest first
+        self.buckets = sorted({b for _, b in keys})
+        self.tiers = sorted({s for s, _ in keys})
+        s, n, w = self.tiers[-1], self.buckets[-1], max_blocks_per_seq
         # ids | positions | slots [n] | ctx [s+1] | qsl [s+2] | last | seqs [s] | tables [s+1, w]
         self.host, self.dev, h, d = packed_int32([n, n, n, s + 1, s + 2, s, s, (s + 1) * w], device)
         self.h = h[:7] + [h[7].reshape(s + 1, w)]
         self.d = d[:7] + [d[7].view(s + 1, w)]
-        self.keys = [(tier, b) for b in buckets for tier in self.tiers]  # smallest first
+        # a tier's graph reads table rows [:tier + 1] only: a step copies the buffer up to there
+        self._tables_at, self._width = d[7].storage_offset(), w
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.out: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._copied: torch.cuda.Event | None = None  # the last copy out of `host`
@@ -340,9 +353,10 @@ class PrefillGraphs:
         (run it eagerly)."""
         if plan.num_prefill == 0 or len(rows) == 0:
             return None
-        tier = next((s for s in self.tiers if s >= plan.num_seqs), None)
         bucket = prefill_bucket(self.buckets, plan.num_tokens)
-        return None if tier is None or bucket is None else (tier, bucket)
+        n = plan.num_seqs
+        return next(((s, bucket) for s in self.tiers if s >= n and (s, bucket) in self.graphs),
+                    None)  # fmt: skip
 
     def can_run(self, plan, rows: np.ndarray) -> bool:
         return self.key(plan, rows) is not None
@@ -360,7 +374,8 @@ class PrefillGraphs:
             key, plan.input_ids, plan.positions, plan.slot_mapping, plan.context_lens,
             plan.query_start_loc, plan.block_tables, rows,
         )  # fmt: skip
-        self.dev.copy_(self.host, non_blocking=True)
+        end = self._tables_at + (key[0] + 1) * self._width
+        self.dev[:end].copy_(self.host[:end], non_blocking=True)
         self._copied = recorded_event(self.dev.device)
         if ids is not None:
             t = plan.num_tokens

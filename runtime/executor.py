@@ -50,8 +50,9 @@ class Executor:
     of max_seq_len tokens (within a budget), on a GPU `kv_cache_free_gpu_memory_fraction` of
     the memory left after weights and activations. policy: "guaranteed_no_evict" or
     "max_utilization" (the C++ core's admission policies). cuda_graphs: replay decode steps
-    from graphs captured per batch-size bucket, and steps with prompt tokens of up to
-    PREFILL_GRAPH_SEQS sequences from graphs per token bucket (GPU only; tp 1 only for now).
+    from graphs captured per batch-size bucket, and steps with prompt tokens from graphs per
+    token bucket and sequence tier (cuda_graphs.PREFILL_GRAPH_TIERS; GPU only; tp 1 only for
+    now).
     comm: this rank's tensor-parallel group (runtime/distributed.py), None for tp 1; rank 0
     schedules, broadcasts each plan and samples, the other ranks run `follow`. pipeline: launch
     the next step before reading this one's tokens back, when its sampling allows (`step`).
@@ -123,11 +124,11 @@ class Executor:
         self.graphs = self.prefill_graphs = None
         if cuda_graphs and self.device.type == "cuda" and comm is None:
             from .cuda_graphs import (
-                PREFILL_GRAPH_SEQS,
                 SHORT_TIER,
                 DecodeGraphs,
                 PrefillGraphs,
                 prefill_buckets,
+                prefill_graph_keys,
             )
 
             width = self.scheduler.config.max_blocks_per_seq
@@ -138,10 +139,8 @@ class Executor:
             lap("decode_graphs")
             buckets = prefill_buckets(b.max_num_tokens)
             if buckets:
-                self.prefill_graphs = PrefillGraphs(
-                    self.decoder, self.kv, buckets, width, self.device,
-                    min(PREFILL_GRAPH_SEQS, b.max_batch_size),
-                )  # fmt: skip
+                keys = prefill_graph_keys(buckets, b.max_batch_size)
+                self.prefill_graphs = PrefillGraphs(self.decoder, self.kv, keys, width, self.device)
             lap("prefill_graphs")
         engine.wait_verified()
         lap("checksum_wait")

@@ -39,11 +39,16 @@ def activation_bytes(
 ) -> int:
     """Upper bound of one step's live activations at max_num_tokens (plus float32 logits), and,
     when the executor captures prefill graphs (`prefill_graphs`), of their memory pool (their
-    largest bucket, runtime/cuda_graphs.py), which eager steps cannot reuse."""
+    largest bucket, runtime/cuda_graphs.py, and every graph's logits), which eager steps cannot
+    reuse."""
     logits = build.max_batch_size * cfg.vocab_size * 4
     graphs = 0
     if prefill_graphs:
+        from .cuda_graphs import prefill_buckets, prefill_graph_keys  # NOTE: it imports this
+
+        keys = prefill_graph_keys(prefill_buckets(build.max_num_tokens), build.max_batch_size)
         graphs = token_activation_bytes(cfg, min(PREFILL_GRAPH_TOKENS, build.max_num_tokens), dtype)
+        graphs += sum(s for s, _ in keys) * cfg.vocab_size * 4  # each graph's own logits
     return token_activation_bytes(cfg, build.max_num_tokens, dtype) + 2 * logits + graphs
 
 

@@ -73,6 +73,8 @@ def sync(device: torch.device) -> None:
 PAUSE_S = 0.5
 # prompts sent at once for the concurrent time-to-first-token samples
 CONCURRENT = (2, 4, 8)
+# requests decoding when a prompt joins them (the joining time-to-first-token samples)
+JOINING = (4, 32)
 
 
 def make_model(shape: dict, device: torch.device, out_dir: Path):
@@ -328,9 +330,33 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         return {n: [serve(prompts(n, 128, vocab, seed + i), 1)[0] for i in range(3)]
                 for n in CONCURRENT}  # fmt: skip
 
-    concurrent = together(80)  # in a prefill graph of up to PREFILL_GRAPH_SEQS sequences
+    def joining(seed: int) -> dict[int, list[float]]:
+        """Seconds to the first token of a 128-token prompt sent while n requests decode (its
+        prefill shares a step with their decodes), three times per n."""
+        out: dict[int, list[float]] = {}
+        for n in JOINING:
+            out[n] = []
+            for i in range(3):
+                decode = SamplingParams(max_new_tokens=64, ignore_eos=True)
+                for p in prompts(n, 16, vocab, seed + 10 * i):
+                    ex.add_request(p, decode)
+                for _ in range(4):
+                    ex.step()
+                sync(device)
+                t0 = time.perf_counter()
+                one = SamplingParams(max_new_tokens=1, ignore_eos=True)
+                req = ex.add_request(prompts(1, 128, vocab, seed + 10 * i + 1)[0], one)
+                while not req.output_ids:
+                    ex.step()
+                out[n].append(time.perf_counter() - t0)
+                while ex.has_unfinished():
+                    ex.step()
+        return out
+
+    # in the prefill graphs of several sequences (cuda_graphs.PREFILL_GRAPH_TIERS), then eagerly
+    concurrent, joined = together(80), joining(100)
     graphs, ex.prefill_graphs = ex.prefill_graphs, None
-    concurrent_eager = together(90)
+    concurrent_eager, joined_eager = together(90), joining(100)
     ex.prefill_graphs = graphs
     m = ex.config.model
     try:  # NOTE: a failure here must not cost the other figures
@@ -372,6 +398,13 @@ def ingot_measure(engine_dir: Path, device, vocab: int, args) -> dict:
         },
         "ttft_concurrent_eager_samples_ms": {
             str(n): [round(x * 1e3, 3) for x in v] for n, v in concurrent_eager.items()
+        },
+        # a 128-token prompt joining n decoding requests: "n" -> samples
+        "ttft_joining_samples_ms": {
+            str(n): [round(x * 1e3, 3) for x in v] for n, v in joined.items()
+        },
+        "ttft_joining_eager_samples_ms": {
+            str(n): [round(x * 1e3, 3) for x in v] for n, v in joined_eager.items()
         },
         f"throughput_b{args.batch}_out_tok_s": args.batch * args.tput_out / tput,
         # NOTE: what a decode step reads (the embedding and RoPE tables only a row per token)

@@ -188,9 +188,8 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
             g.replay = lambda _r=g.replay, _t=tier: tiers.__setitem__(_t, tiers[_t] + 1) or _r()
     # steps of up to 8 sequences with prompt tokens: the batch's first steps, a chunk beside
     # decodes
-    ex.prefill_graphs = cg.PrefillGraphs(
-        ex.decoder, ex.kv, [16, 32, 64], width, torch.device("cpu"), 8
-    )
+    keys = cg.prefill_graph_keys([16, 32, 64], 8)
+    ex.prefill_graphs = cg.PrefillGraphs(ex.decoder, ex.kv, keys, width, torch.device("cpu"))
     assert ex.prefill_graphs.tiers == [1, 8]
     # an FP8 pool's prompt V goes in a segment of tokens at a time (rope.triton_kernels)
     from ingot.plugins.rope import triton_kernels as rope_gpu

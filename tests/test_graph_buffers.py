@@ -3,15 +3,19 @@ steps' (runtime/step_inputs.py), checked on the CPU."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
+import ingot.runtime.cuda_graphs as cg
 from ingot.runtime.cuda_graphs import (
     LARGE_PAD_MAX,
     batch_buckets,
     packed_int32,
     prefill_bucket,
     prefill_buckets,
+    prefill_graph_keys,
 )
 from ingot.runtime.step_inputs import StepInputs
 
@@ -53,6 +57,31 @@ def test_prefill_bucket_pads_a_large_prompt_by_little_or_runs_it_eagerly():
     assert prefill_bucket(b, 2049) is None  # past the largest graph
 
 
+def test_prefill_graph_keys_and_the_graph_a_step_takes():
+    """Tiers 1 and 8 at every token bucket, 64 (the default max_batch_size) up to 512
+    tokens, capped at max_batch_size; a step takes the smallest tier holding its sequences at
+    its bucket, or runs eagerly (none: too many sequences, a bucket too padded, no prompt
+    tokens or no sampling row)."""
+    b = prefill_buckets(8192)
+    keys = prefill_graph_keys(b, 64)
+    assert keys[:3] == [(1, 16), (8, 16), (64, 16)] and keys[-2:] == [(1, 2048), (8, 2048)]
+    assert {s for s, t in keys if t > 512} == {1, 8} and len(keys) == 2 * 12 + 6
+    assert {s for s, _ in prefill_graph_keys(b, 4)} == {1, 4}
+    assert {s for s, _ in prefill_graph_keys(b, 1)} == {1}
+    pg = cg.PrefillGraphs.__new__(cg.PrefillGraphs)
+    pg.buckets, pg.tiers = b, [1, 8, 64]
+    pg.graphs = dict.fromkeys(keys)
+
+    def key(seqs: int, tokens: int, prompts: int = 1, rows=(0,)):
+        plan = SimpleNamespace(num_seqs=seqs, num_tokens=tokens, num_prefill=prompts)
+        return pg.key(plan, np.array(rows))
+
+    assert key(1, 128) == (1, 128) and key(2, 100) == (8, 128) and key(9, 300) == (64, 512)
+    assert key(8, 2000) == (8, 2048) and key(9, 2000) is None  # no tier 64 past 512 tokens
+    assert key(65, 300) is None and key(1, 700) is None  # 700: padded by more than 64
+    assert key(4, 4, prompts=0) is None and key(1, 128, rows=()) is None
+
+
 def test_step_inputs_round_trip_aligned_and_reuse_the_buffer():
     inputs = StepInputs(torch.device("cpu"))
     rng = np.random.default_rng(0)
@@ -81,8 +110,10 @@ def test_prefill_graph_pool_is_reserved_only_when_graphs_are_captured():
     from ingot.runtime.memory import activation_bytes, token_activation_bytes
 
     m, bf16 = LLAMA_3_1_8B, torch.bfloat16
-    for tokens in (8192, 512):
+    # logits rows of every graph (the default max_batch_size, 64): tiers 1 and 8 at each
+    # bucket, 64 up to 512 tokens
+    for tokens, rows in ((8192, 9 * 12 + 64 * 6), (512, (1 + 8 + 64) * 6)):
         b = BuildConfig(max_num_tokens=tokens, target="sm_90")
-        pool = token_activation_bytes(m, min(2048, tokens), bf16)
+        pool = token_activation_bytes(m, min(2048, tokens), bf16) + rows * m.vocab_size * 4
         with_graphs = activation_bytes(m, b, bf16)
         assert pool > 0 and activation_bytes(m, b, bf16, prefill_graphs=False) == with_graphs - pool

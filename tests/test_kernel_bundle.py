@@ -544,11 +544,12 @@ def test_prefill_graphs_of_several_sequences_launch_bundled_binaries(monkeypatch
     shapes |= {n: ((b.max_seq_len, m.head_dim), torch.float32) for n in ("rope.cos", "rope.sin")}
     bundle = engine_launches(m, QuantConfig(), b, choices, shapes)
     decoder, kv = kb.dry_run_decoder(m, QuantConfig(), b, choices, shapes)
-    seqs = min(cg.PREFILL_GRAPH_SEQS, max_batch_size)
     width = -(-b.max_seq_len // b.tokens_per_block)
     buckets = cg.prefill_buckets(b.max_num_tokens)
+    keys = cg.prefill_graph_keys(buckets, max_batch_size)
     with kb.recorded_launches() as specs:
-        pg = cg.PrefillGraphs(decoder, kv, buckets, width, torch.device("meta"), seqs)
-    assert set(pg.graphs) == {(s, t) for s in {1, seqs} for t in buckets}
+        pg = cg.PrefillGraphs(decoder, kv, keys, width, torch.device("meta"))
+    assert set(pg.graphs) == set(keys) and len(keys) > len(buckets)
+    assert pg.tiers == ([1, 8, 64] if max_batch_size == 64 else [1, 4])
     assert any(s.fn.endswith(":_decode_kernel") for s in specs)  # the sampling rows' attention
     assert binaries(specs) <= binaries(bundle)

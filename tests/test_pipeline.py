@@ -161,7 +161,8 @@ def test_steps_with_prompts_in_prefill_graphs_give_the_eager_tokens(engine, monk
 
     def graphs(ex):
         width = ex.scheduler.config.max_blocks_per_seq
-        pg = cg.PrefillGraphs(ex.decoder, ex.kv, [16, 32, 64], width, ex.device, 6)
+        keys = cg.prefill_graph_keys([16, 32, 64], 6)  # tiers 1 and 6 (max_batch_size)
+        pg = cg.PrefillGraphs(ex.decoder, ex.kv, keys, width, ex.device)
         run = pg.run
 
         def counted(plan, rows, ids=None):
