@@ -281,6 +281,11 @@ class PrefillGraphs:
     left hold empty sequences, and one more sequence fills the bucket with padding tokens.
     Both live in the scratch block: they write to and read from it only. Each graph samples s
     rows: the step's sampling rows first, then rows of the padding sequence (discarded).
+
+    A mixed step's decodes run the prefill attention kernel here (the graph cannot know how
+    many trailing sequences decode), one program a head over the whole context, without the
+    decode kernel's context splits: more GPU time at long contexts than the eager step spends
+    on them (not yet measured), against the eager step's host time.
     """
 
     def __init__(
