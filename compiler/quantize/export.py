@@ -40,21 +40,29 @@ def _modules(model: Any, sources: tuple[str, ...]) -> list[tuple[str, Any]]:
 def _linear(
     model: Any, sources: tuple[str, ...], quant: QuantConfig, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
+    # NOTE: each linear is quantized where the calibrated model lives (the GPU for --device
+    # cuda) and only its results come to the host: done on the host, from fp32 copies of the
+    # weights, the export took 44 s of an 8B INT4 convert's 240 (H200 machine, 2026-12-05)
     mods = _modules(model, sources)
     if quant.mode == "fp8":
-        return _fp8(mods)
-    weights = [m.weight.detach().float().cpu() for _, m in mods]
+        return _on_host(_fp8(mods))
+    weights = [m.weight.detach().float() for _, m in mods]
+    dev = weights[0].device
     pqs = []
     for _, m in mods:
         s = getattr(m.input_quantizer, "pre_quant_scale", None)
-        pqs.append(None if s is None else s.detach().float().cpu())
-    amax = [_amax(m.weight_quantizer, f"{n} weight") for n, m in mods]
-    return int4_linear_tensors(weights, pqs, amax, quant.group_size, dtype)
+        pqs.append(None if s is None else s.detach().float().to(dev))
+    amax = [_amax(m.weight_quantizer, f"{n} weight").to(dev) for n, m in mods]
+    return _on_host(int4_linear_tensors(weights, pqs, amax, quant.group_size, dtype))
+
+
+def _on_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: t.cpu() for k, t in tensors.items()}
 
 
 def _fp8(mods: list[tuple[str, Any]]) -> dict[str, torch.Tensor]:
     return fp8_linear_tensors(
-        [m.weight.detach().float().cpu() for _, m in mods],
+        [m.weight.detach().float() for _, m in mods],
         [float(_amax(m.weight_quantizer, f"{n} weight")) for n, m in mods],
         [float(_amax(m.input_quantizer, f"{n} input")) for n, m in mods],
     )
@@ -65,7 +73,7 @@ def _fp8_lm_head(model: Any, out: dict[str, torch.Tensor]) -> None:
     INT4 AWQ run ModelOpt smooths it too (x * pre_quant_scale before its input quantizer): the
     final norm, its only reader, takes the scale into its weight."""
     mods = _modules(model, ("lm_head.weight",))
-    for key, t in _fp8(mods).items():
+    for key, t in _on_host(_fp8(mods)).items():
         out["lm_head." + key] = t
     pqs = getattr(mods[0][1].input_quantizer, "pre_quant_scale", None)
     if pqs is not None:

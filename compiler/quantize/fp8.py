@@ -25,5 +25,6 @@ def fp8_linear_tensors(
     checkpoint tensors {"weight", "weight_scale", "input_scale"} (names without the prefix)."""
     w_scale = scale_of(max(weight_amax))
     in_scale = scale_of(max(input_amax))
-    w = torch.cat(weights, dim=0)  # [N, K]
-    return {"weight": quantize_fp8(w, w_scale), "weight_scale": w_scale, "input_scale": in_scale}
+    w = torch.cat(weights, dim=0)  # [N, K], on the weights' device
+    return {"weight": quantize_fp8(w, w_scale.to(w.device)), "weight_scale": w_scale,
+            "input_scale": in_scale}  # fmt: skip

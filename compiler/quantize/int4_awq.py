@@ -32,9 +32,11 @@ def int4_linear_tensors(
     dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
     """Parts of one fused linear (smoothed weights [n_i, K] fp32, scales [K] or None, amax
-    [n_i, K/G]) -> checkpoint tensors {"weight", "weight_scale", "pre_quant_scale"}."""
+    [n_i, K/G], all on one device) -> checkpoint tensors {"weight", "weight_scale",
+    "pre_quant_scale"} on that device."""
     k = weights[0].shape[1]
-    scales = [torch.ones(k) if s is None else s.float() for s in pre_quant_scales]
+    scales = [torch.ones(k, device=weights[0].device) if s is None else s.float()
+              for s in pre_quant_scales]  # fmt: skip
     if all(torch.equal(s, scales[0]) for s in scales):
         s_f = scales[0]
         w = torch.cat(weights, dim=0)
