@@ -579,3 +579,48 @@ def test_v_segments_write_the_per_token_bytes(bs, monkeypatch):
 
     v_segments_equal_per_token(bs, "cuda", monkeypatch)
     v_segments_equal_per_token(bs, "cuda", monkeypatch, v_rows_cut=3)
+
+
+# --------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("mode", ["int4_awq", "fp8"])
+@pytest.mark.parametrize("shared_scale", [True, False])
+def test_export_on_the_gpu_gives_the_host_tensors_on_the_host(mode, shared_scale):
+    """Quantized export makes each linear's tensors where the calibrated model lives
+    (compiler/quantize/export.py): from a fused linear's parts on the GPU it returns host
+    tensors, bit for bit those of the same parts on the host. Pre-quant scales 1 and 0.5 (a
+    mean both devices compute exactly) or one shared scale."""
+    from types import SimpleNamespace
+
+    from ingot.compiler.quantize import export
+    from ingot.runtime.config import QuantConfig
+
+    g = torch.Generator().manual_seed(3)
+    k, rows = 256, (96, 64)
+    scales = [torch.ones(k), torch.full((k,), 0.5 if not shared_scale else 1.0)]
+
+    def model_on(device: str):
+        mods = {}
+        for i, (n, s) in enumerate(zip(rows, scales, strict=True)):
+            w = (torch.randn(n, k, generator=g) * 0.02).to(BF16)
+            amax = w.float().abs().reshape(n, -1, 128).amax(-1)
+            mods[f"p{i}"] = SimpleNamespace(
+                weight=w.to(device),
+                input_quantizer=SimpleNamespace(pre_quant_scale=s.to(device),
+                                                amax=torch.tensor(3.0, device=device)),
+                weight_quantizer=SimpleNamespace(amax=amax.to(device) if mode == "int4_awq"
+                                                 else w.float().abs().max().to(device)),
+            )  # fmt: skip
+        return SimpleNamespace(get_submodule=mods.__getitem__)
+
+    def export_on(device: str) -> dict[str, torch.Tensor]:
+        g.manual_seed(3)  # the same parts on both devices
+        return export._linear(model_on(device), ("p0.weight", "p1.weight"), QuantConfig(mode), BF16)
+
+    host, gpu = export_on("cpu"), export_on(DEV)
+    assert set(gpu) == set(host)
+    for key, t in gpu.items():
+        ref = host[key]
+        assert t.device.type == "cpu" and t.dtype == ref.dtype, key
+        assert same_bits(t, ref) if t.dtype == F8 else torch.equal(t, ref), key
