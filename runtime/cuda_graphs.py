@@ -70,8 +70,8 @@ def capture_graphs(
     """One graph of `run(b)` per bucket, and the tensors each graph writes its results to.
 
     `buckets` smallest first; captured largest first, so the smaller graphs reuse its memory
-    pool. `prepare(b)` runs before
-    each bucket's warm-up, which really executes, so the static inputs must be valid for it.
+    pool. `prepare(b)` runs before each bucket's warm-up, which really executes, so the static
+    inputs must be valid for it.
     """
     graphs: dict[K, torch.cuda.CUDAGraph] = {}
     outputs: dict[K, tuple[torch.Tensor, ...]] = {}
@@ -271,7 +271,7 @@ def prefill_graph_keys(buckets: list[int], max_batch_size: int) -> list[tuple[in
 
 
 class PrefillGraphs:
-    """Captured prefill steps of up to `buckets[-1]` tokens from up to `max_seqs` sequences
+    """Captured prefill steps of up to `buckets[-1]` tokens from up to `tiers[-1]` sequences
     (the time to first token of short prompts is launch-bound when run op by op from Python; a
     long one still loses the host's launch time in its first layers, before the host gets
     ahead).
