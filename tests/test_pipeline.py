@@ -148,8 +148,8 @@ def test_has_unfinished_until_the_last_step_is_read(engine):
 
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_steps_with_prompts_in_prefill_graphs_give_the_eager_tokens(engine, monkeypatch, pipeline):
-    """Prefill graphs (runtime/cuda_graphs.py) run steps of up to `max_seqs` sequences with
-    prompt tokens: prompts that arrive together, a chunk beside decodes (chained: their input
+    """Prefill graphs (runtime/cuda_graphs.py) run steps of several sequences with prompt
+    tokens: prompts that arrive together, a chunk beside decodes (chained: their input
     tokens from the device). Their padding (empty sequence slots, the padding sequence, the
     discarded sampling rows) changes no token. On the CPU the graphs are recorded (re-run into
     their outputs); the GPU test below captures them."""
