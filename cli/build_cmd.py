@@ -67,6 +67,15 @@ def build_engine_cmd(
         "layer. Slower on an H200 so far: BF16 batch-1 decode 237-240 tok/s against 255 "
         "without it in one process (Llama-3.1-8B shapes; docs/performance.md). [preset, else off]",
     ),
+    fp8_fast_accum: bool = typer.Option(
+        None,
+        "--fp8-fast-accum/--no-fp8-fast-accum",
+        help="FP8 engines (and FP8 lm_heads): let cuBLASLt's FP8 GEMMs (prefill and batches past "
+        "the decode GEMVs' rows) accumulate in the tensor cores alone, without promoting partial "
+        "sums to full fp32 every few K steps: meant to be faster, less exact over long inner "
+        "dimensions; the "
+        "checkpoint's accuracy report is measured without it. GPU targets. [preset, else off]",
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
     ),
@@ -88,6 +97,7 @@ def build_engine_cmd(
         "tokens_per_block": tokens_per_block,
         "pdl": pdl,
         "fused_norms": fused_norms,
+        "fp8_fast_accum": fp8_fast_accum,
     }
     with progress_bar() as progress:
         out = build_engine(

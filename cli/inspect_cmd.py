@@ -60,6 +60,7 @@ def inspect_engine_cmd(
         f"max_num_tokens {b.max_num_tokens}, tokens_per_block {b.tokens_per_block}"
         + (", programmatic dependent launch" if b.pdl else "")
         + (", norms folded into the decode GEMVs" if b.fused_norms else "")
+        + (", FP8 GEMMs with fast accumulation" if b.fp8_fast_accum else "")
     )
     phases = (cfg.extra or {}).get("build_seconds")
     if phases:  # engines built before it do not record them

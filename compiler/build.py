@@ -137,7 +137,7 @@ def select_plugins(
     # NOTE: plugins without an implementation for the target kind are left out; an engine
     # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
     if tactics == "auto" and can_time_on(target):
-        return tuple(
+        choices = list(
             timed_choices(
                 model,
                 build,
@@ -148,7 +148,36 @@ def select_plugins(
                 kv_fp8=quant.kv_cache_dtype == "fp8",
             )
         )
-    return tuple(c for c in default_choices(target, model) if c.name not in unused)
+    else:
+        choices = [c for c in default_choices(target, model) if c.name not in unused]
+    return tuple(with_fp8_fast_accum(choices, target) if build.fp8_fast_accum else choices)
+
+
+# the plugins whose large-batch path is `cuda_fp8.make_fp8_linear`'s cuBLASLt call
+FP8_CUBLASLT_PLUGINS = ("fp8_gemm", "fp8_swiglu_gemm", "fp8_qkv_rope_gemm")
+
+
+def with_fp8_fast_accum(choices: list[PluginChoice], target: str) -> list[PluginChoice]:
+    """The FP8 GEMM plugins' tactics with `fast_accum` set (build-engine --fp8-fast-accum);
+    a choice left at its default tactic gets that default, named."""
+    out, kind = [], target_kind(target)
+    for c in choices:
+        if c.name in FP8_CUBLASLT_PLUGINS:
+            name, params = c.tactic, c.params
+            if name is None:
+                t = get_spec(c.name).default_tactic(kind)
+                name, params = t.name, t.as_dict()
+            c = dataclasses.replace(c, tactic=name, params={**(params or {}), "fast_accum": 1})
+        out.append(c)
+    return out
+
+
+def check_fp8_fast_accum(build: BuildConfig, quant: QuantConfig) -> None:
+    if build.fp8_fast_accum and quant.mode != "fp8" and not quant.lm_head:
+        raise ConfigError(
+            f"--fp8-fast-accum applies to FP8 GEMMs; this checkpoint ({quant.mode}) has none",
+            "convert with --quant fp8 (or --quant-lm-head), or build without --fp8-fast-accum",
+        )
 
 
 def check_quant_target(target: str, quant: QuantConfig) -> None:
@@ -314,6 +343,7 @@ def build_engine(
         build = resolve_build_config(preset, overrides, model, meta["quant"])
         check_fits(model, build)
         check_quant_target(build.target, meta["quant"])
+        check_fp8_fast_accum(build, meta["quant"])
         tp = meta["tp_size"]
         if tp > 1 and (meta["quant"].mode != "none" or meta["quant"].kv_cache_dtype != "auto"):
             raise ConfigError(

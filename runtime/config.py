@@ -167,6 +167,11 @@ class BuildConfig:
     # GEMV before a norm adds into the residual stream, the one after normalizes as it loads
     # x; no norm kernels between them. Off unless asked for (not yet timed on a GPU).
     fused_norms: bool = False
+    # FP8 GEMMs past the decode GEMVs' rows (cuBLASLt) accumulate in the tensor cores alone,
+    # without promoting partial sums to full fp32 (plugins/quant/cuda_fp8.py): meant for faster
+    # prefill and large-batch steps, less exact over long K; the accuracy report (made at
+    # convert time on the reference path) does not see it. Off unless asked for.
+    fp8_fast_accum: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "tokens_per_block"):
@@ -176,12 +181,16 @@ class BuildConfig:
             self.target == "cpu" or self.target.startswith("sm_"),
             f"target {self.target!r} must be 'cpu' or like 'sm_90'",
         )
-        for name in ("pdl", "fused_norms"):
+        for name in ("pdl", "fused_norms", "fp8_fast_accum"):
             v = getattr(self, name)
             _require(isinstance(v, bool), f"{name} must be true or false, got {v!r}")
         _require(
             not self.fused_norms or self.target != "cpu",
             "fused_norms folds the norms into the GPU GEMV kernels: it needs a GPU target",
+        )
+        _require(
+            not self.fp8_fast_accum or self.target != "cpu",
+            "fp8_fast_accum changes cuBLASLt's FP8 GEMMs: it needs a GPU target",
         )
         _require(
             not self.pdl or pdl_capable(self.target),

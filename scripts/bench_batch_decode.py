@@ -1,7 +1,8 @@
 """Where a large-batch decode step's time goes (the FP8 throughput points of the quantization
 issue): decode attention at the batch and context of each point, BF16 and FP8 KV cache, every
 tactic; the layer GEMMs at that batch (FP8 through cuBLASLt with and without the quantize
-kernel, BF16 through torch); and their sum per step beside the bytes the step must read.
+kernel, each with and without fast accumulation, BF16 through torch; also at a prefill
+chunk's 8,192 rows); and their sum per step beside the bytes the step must read.
 
     python3 scripts/bench_batch_decode.py --out batch_decode.json
 
@@ -41,10 +42,12 @@ from bench_kernels import (  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
 from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
+from ingot.plugins.registry import Tactic  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072, 128), (448, 3072, 448), (435, 3072, 512), (435, 3072, 448),
           (128, 2112, 128), (512, 192, 512))  # fmt: skip
+PREFILL_ROWS = 8192
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
 # also "fp8_v_rows", "fp8_new_v" (measured 12-03; listed here, they are timed again)
 KV_KINDS = ("bf16", "fp8")
@@ -79,10 +82,13 @@ def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=N
 
 def gemms(rows, bw, M, reps):
     """ms per call of each layer GEMM and the lm_head at M rows: FP8 (quantize + cuBLASLt, and
-    cuBLASLt alone on an already-quantized x) and BF16 (torch)."""
+    cuBLASLt alone on an already-quantized x, each also with fast accumulation: engines built
+    with --fp8-fast-accum) and BF16 (torch)."""
     out = {}
     s = torch.ones((), device=DEV, dtype=torch.float32)
-    fp8 = cuda_fp8.make_fp8_linear(cuda_fp8.FP8_GEMM_TACTICS[0])
+    t = cuda_fp8.FP8_GEMM_TACTICS[0]
+    fp8 = cuda_fp8.make_fp8_linear(t)
+    fast = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", 1),)))
     for name, (N, K) in {**LAYER_GEMMS, "lm_head": (VOCAB, D)}.items():
         w = torch.randn(N, K, device=DEV, dtype=BF16)
         x = torch.randn(M, K, device=DEV, dtype=BF16)
@@ -90,6 +96,8 @@ def gemms(rows, bw, M, reps):
         calls = {
             "fp8_quantize_cublaslt": lambda x=x, wq=wq: fp8(x, wq, s, s),
             "fp8_cublaslt": lambda xq=xq, wq=wq: fp8(xq, wq, s, s, out_dtype=BF16),
+            "fp8_quantize_cublaslt_fast_accum": lambda x=x, wq=wq: fast(x, wq, s, s),
+            "fp8_cublaslt_fast_accum": lambda xq=xq, wq=wq: fast(xq, wq, s, s, out_dtype=BF16),
             "bf16_torch": lambda x=x, w=w: torch.nn.functional.linear(x, w),
         }
         for how, fn in calls.items():
@@ -109,15 +117,18 @@ def main() -> None:
     args, bw = bench_cli(__doc__, "batch_decode.json", 20)
     rows, points = [], []
     gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({m for _, _, m in POINTS})}
+    gemms(rows, bw, PREFILL_ROWS, args.reps)  # a full prefill chunk (max_num_tokens 8,192)
     for B, ctx, M in POINTS:
         attn = {kv: attention(rows, bw, B, ctx, kv, args.reps, launched=M) for kv in KV_KINDS}
         g = gemm_ms[M]
         layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)
+        layer_fast = sum(g[(n, "fp8_quantize_cublaslt_fast_accum")] for n in LAYER_GEMMS)
         step_ms = LAYERS * (layer_fp8 + attn["fp8"]) + g[("lm_head", "bf16_torch")]
         kv_bytes = B * ctx * HKV * HD * 2 * LAYERS  # fp8 cache
         w_bytes = LAYERS * sum(n * k for n, k in LAYER_GEMMS.values()) + VOCAB * D * 2
         points.append({
             "batch": B, "context": ctx, "rows_launched": M, "attention_ms": attn, "fp8_layer_gemms_ms": layer_fp8,
+            "fp8_layer_gemms_fast_accum_ms": layer_fast,
             "fp8_step_gemms_plus_attention_ms": step_ms, "bytes_per_step": kv_bytes + w_bytes,
             "bandwidth_floor_ms": (kv_bytes + w_bytes) / bw * 1e3,
             "tok_s_at_that_step": B / (step_ms * 1e-3),

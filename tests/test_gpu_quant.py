@@ -27,6 +27,7 @@ from ingot.plugins.quant import cuda_fp8
 from ingot.plugins.quant import reference as qref
 from ingot.plugins.quant import triton_quantize as tq
 from ingot.plugins.quant import triton_w4a16 as tw
+from ingot.plugins.registry import Tactic
 
 pytestmark = [
     pytest.mark.gpu,
@@ -103,6 +104,24 @@ def test_fp8_gemm(tactic, N, K, bias):
         out = fn(x, weight, w_scale, in_scale, b)
         assert out.shape == (T, N) and out.dtype == BF16
         assert rel_err(out, ref) < FP8_TOL, T
+
+
+@needs_fp8
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_fp8_gemm_fast_accumulation_within_the_fp8_tolerance(N, K):
+    """--fp8-fast-accum engines: cuBLASLt without fp32 promotion of partial sums, at prefill and
+    large-decode row counts, against the reference's fp32 accumulation (bias fused and not)."""
+    w = torch.randn(N, K, device=DEV) * 0.02
+    w_scale = w.abs().max() / 448
+    weight = qref.quantize_fp8(w, w_scale)
+    t = cuda_fp8.FP8_GEMM_TACTICS[0]
+    fast = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", 1),)))
+    for T, b in ((64, None), (512, torch.randn(N, device=DEV, dtype=BF16)), (2048, None)):
+        x = torch.randn(T, K, device=DEV, dtype=BF16)
+        in_scale = x.float().abs().max() / 448
+        out = fast(x, weight, w_scale, in_scale, b)
+        assert out.shape == (T, N) and out.dtype == BF16
+        assert rel_err(out, qref.fp8_linear(x, weight, w_scale, in_scale, b)) < FP8_TOL, T
 
 
 FP8_GEMVS = [t for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("max_m")]

@@ -40,6 +40,8 @@ MODES = {
     # --quant-lm-head: the lm_head's FP8 GEMM on the GPU too
     "fp8_lm_head": ("fp8", "fp8"),
     "int4_awq_lm_head": ("int4_awq", "auto"),
+    # build-engine --fp8-fast-accum: cuBLASLt's FP8 GEMMs (prefill rows) without fp32 promotion
+    "fp8_fast_accum": ("fp8", "fp8"),
 }
 
 
@@ -69,8 +71,13 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     # FP8 tactics timed here; INT4's timed choice (12 tactics x 4 sites) is the slow part of a
     # build, so the test takes the default table for it
     tactics = "default" if weights == "int4_awq" else "auto"
-    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics=tactics)
+    fast = mode == "fp8_fast_accum"
+    build = dict(BUILD, fp8_fast_accum=True) if fast else BUILD
+    gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=build, tactics=tactics)
     quant = load_engine(gpu).config.quant
+    fp8_params = [c.params for c in load_engine(gpu).config.plugins if c.name.startswith("fp8_")]
+    assert fp8_params or weights != "fp8"
+    assert all(bool((p or {}).get("fast_accum")) == fast for p in fp8_params)
     assert (quant.mode, quant.kv_cache_dtype, quant.lm_head) == (weights, kv, opts.lm_head)
     prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=9)
     on_cpu = serve_staggered(cpu, prompts, NEW)

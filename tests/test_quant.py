@@ -64,6 +64,30 @@ def test_fp8_gemm_matches_scaled_mm_and_dequantized_matmul(dtype):
     assert (y.float() - exact).norm() / exact.norm() < 0.06
 
 
+@pytest.mark.parametrize("fast", [0, 1])
+def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast):
+    """A tactic's fast_accum (build-engine --fp8-fast-accum) reaches `torch._scaled_mm` on the
+    cuBLASLt path (meta tensors: the call is recorded, nothing runs)."""
+    pytest.importorskip("triton")
+    from ingot.plugins.quant import cuda_fp8
+    from ingot.plugins.registry import Tactic
+
+    calls = []
+
+    def scaled_mm(a, b, **kw):
+        calls.append(kw)
+        return torch.empty(a.shape[0], b.shape[1], dtype=kw["out_dtype"], device=a.device)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    t = cuda_fp8.FP8_GEMM_TACTICS[0]
+    fn = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", fast),)))
+    xq = torch.empty(64, 256, dtype=torch.float8_e4m3fn, device="meta")
+    w = torch.empty(96, 256, dtype=torch.float8_e4m3fn, device="meta")
+    one = torch.ones((), device="meta")
+    y = fn(xq, w, one, one, out_dtype=torch.bfloat16)
+    assert y.shape == (64, 96) and [c["use_fast_accum"] for c in calls] == [bool(fast)]
+
+
 def test_fp8_saturates_instead_of_overflowing():
     x = torch.tensor([[1000.0, -1000.0, 1.0]])
     q = quantize_fp8(x, torch.tensor(1.0))

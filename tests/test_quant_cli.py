@@ -141,6 +141,36 @@ def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
         assert quant_out == ({True} if mode == "fp8" else {False})
 
 
+@pytest.mark.parametrize("key", ["fp8", "int4_awq_lm_head"])
+def test_fp8_fast_accum_is_set_on_every_fp8_gemm_plugin(ckpts, tmp_path, key):
+    """--fp8-fast-accum (cross-built, default tactics): each FP8 GEMM plugin's tactic carries
+    fast_accum, nothing else does, the build records it and inspect-engine shows it."""
+    pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
+    from ingot.compiler.build import FP8_CUBLASLT_PLUGINS
+
+    out = tmp_path / "e"
+    r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir", out,
+               "--target", "sm_90", "--tactics", "default", "--fp8-fast-accum")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "config.json").read_text())
+    assert d["build"]["fp8_fast_accum"] is True
+    fast = {p["name"] for p in d["plugins"] if (p["params"] or {}).get("fast_accum")}
+    present = {p["name"] for p in d["plugins"]} & set(FP8_CUBLASLT_PLUGINS)
+    assert fast == present and "fp8_gemm" in fast
+    assert all(p["tactic"] for p in d["plugins"] if p["name"] in fast)  # defaults named
+    r = invoke("inspect-engine", "--engine-dir", out)
+    assert r.exit_code == 0 and "FP8 GEMMs with fast accumulation" in r.output
+
+
+def test_fp8_fast_accum_refuses_an_engine_without_fp8_gemms(ckpts, tmp_path):
+    for key, target, words in (("int4_awq", "sm_90", ("applies to FP8 GEMMs", "int4_awq")),
+                               ("fp8", "cpu", ("fp8_fast_accum", "GPU target"))):  # fmt: skip
+        r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir",
+                   tmp_path / key, "--target", target, "--fp8-fast-accum")  # fmt: skip
+        assert_one_line_error(r, *words)
+        assert not (tmp_path / key).exists()
+
+
 def _convert(hf: Path, out: Path, *args):
     return invoke("convert-checkpoint", "--model-dir", hf, "--output-dir", out, *args)
 

@@ -9,6 +9,9 @@ x is quantized by a small Triton kernel (`triton_quantize`, bit-exact with the r
 multiplied by cuBLASLt through `torch._scaled_mm` with the static per-tensor scales: fp8 x fp8
 products accumulated in fp32, scaled by input_scale * weight_scale, bias added, one cast to the
 output dtype. The engine's weight [N, K] row-major is the column-major B `_scaled_mm` wants.
+A tactic with `fast_accum` (engines built with --fp8-fast-accum) lets cuBLASLt accumulate in
+the tensor cores alone, without promoting partial sums to full fp32 every few K steps
+(cuBLASLt's fast-accumulation mode): meant to be faster, less exact over long K.
 
 cuBLASLt's FP8 GEMM needs SM >= 89, K and N multiples of 16 and 16-byte aligned operands;
 other shapes take a fallback in the same call: the fp8 operands upcast to fp32 and multiplied by
@@ -66,6 +69,7 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 def make_fp8_linear(tactic: Tactic | None = None):
     params = tactic.as_dict() if tactic is not None else {}
     max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
+    fast_accum = bool(params.get("fast_accum", 0))
     qtactic = None if max_m else (tactic or FP8_GEMM_TACTICS[0])
 
     def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -110,6 +114,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
             scale_b=weight_scale,
             bias=bias if fused_bias else None,
             out_dtype=torch.float32 if bias is not None and not fused_bias else out_dtype,
+            use_fast_accum=fast_accum,
         )
         if bias is not None and not fused_bias:
             y = (y + bias.float()).to(out_dtype)
