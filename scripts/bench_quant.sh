@@ -7,7 +7,8 @@
 # tiny one, for a CPU smoke test), converts it three ways (bf16; fp8 with an FP8 KV cache;
 # int4_awq), calibrating with ModelOpt on the GPU, builds each engine, then runs `ingot bench`:
 # latency (batch 1, 128/128) for each, and for FP8 throughput at 128/128, 2048/2048 and
-# 2048/128 (BF16 throughput at those shapes is in the standard grid). Results:
+# 2048/128 (BF16 throughput at those shapes is in the standard grid; MODES="fp8 fp8_fa" adds the
+# FP8 engine built with --fp8-fast-accum from the same checkpoint). Results:
 # OUT_DIR/<mode>/{latency,tput_*}/*.json, OUT_DIR/<mode>/phases.json (convert and build seconds
 # by phase) and OUT_DIR/summary.json (convert/build seconds, the headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
@@ -64,21 +65,28 @@ lap make_model
 declare -A quant=([bf16]="" [fp8]="--quant fp8 --kv-cache-dtype fp8" [int4_awq]="--quant int4_awq"
   [fp8_lm_head]="--quant fp8 --kv-cache-dtype fp8 --quant-lm-head"
   [int4_awq_lm_head]="--quant int4_awq --quant-lm-head")
-for mode in ${MODES:-bf16 fp8 int4_awq}; do
+# modes that build another engine from a mode's checkpoint: fp8_fa is fp8 built with
+# --fp8-fast-accum (after fp8 in MODES, it reuses fp8's checkpoint: one convert for both)
+declare -A ckpt_of=([fp8_fa]=fp8) build_of=([fp8_fa]="--fp8-fast-accum")
+modes=(${MODES:-bf16 fp8 int4_awq})
+for m in "${!modes[@]}"; do
+  mode=${modes[$m]} base=${ckpt_of[${modes[$m]}]:-${modes[$m]}}
   start=$SECONDS
-  # shellcheck disable=SC2086  # the quant flags split into words on purpose
-  ingot convert-checkpoint --model-dir "$work/hf" --output-dir "$work/ckpt-$mode" --force \
-    ${quant[$mode]} $( [[ -n "${quant[$mode]}" ]] && echo "${calib[@]}" )
+  if [[ ! -d "$work/ckpt-$base" ]]; then
+    # shellcheck disable=SC2086  # the quant flags split into words on purpose
+    ingot convert-checkpoint --model-dir "$work/hf" --output-dir "$work/ckpt-$base" --force \
+      ${quant[$base]} $( [[ -n "${quant[$base]}" ]] && echo "${calib[@]}" )
+  fi
   lap "convert_$mode"
   start=$SECONDS
   # shellcheck disable=SC2086  # BUILD_ARGS: flags split into words on purpose
-  ingot build-engine --checkpoint-dir "$work/ckpt-$mode" --output-dir "$work/engine-$mode" \
+  ingot build-engine --checkpoint-dir "$work/ckpt-$base" --output-dir "$work/engine-$mode" \
     --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
-    --tokens-per-block 32 --force ${BUILD_ARGS:-}
+    --tokens-per-block 32 --force ${BUILD_ARGS:-} ${build_of[$mode]:-}
   lap "build_$mode"
   # where the convert's and the build's time went, phase by phase (before both are deleted)
   mkdir -p "$out/$mode"
-  python3 - "$work/ckpt-$mode/config.json" "$work/engine-$mode/config.json" \
+  python3 - "$work/ckpt-$base/config.json" "$work/engine-$mode/config.json" \
     > "$out/$mode/phases.json" <<'PY'
 import json
 import sys
@@ -90,7 +98,12 @@ tactics = {p["name"] + (f"@{p['site']}" if p["site"] else ""): {"tactic": p["tac
 print(json.dumps({"convert": (ckpt.get("quant_report") or {}).get("seconds"),
                   "build": engine["extra"].get("build_seconds"), "tactics": tactics}, indent=2))
 PY
-  rm -rf "$work/ckpt-$mode"
+  # NOTE: a checkpoint goes once no later mode builds from it (disk: 16 GB for BF16)
+  keep=0
+  for later in "${modes[@]:$((m + 1))}"; do
+    [[ "${ckpt_of[$later]:-$later}" == "$base" ]] && keep=1
+  done
+  (( keep )) || rm -rf "$work/ckpt-$base"
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
   if [[ -n "${COMPARE_PIPELINE:-}" ]]; then  # the same point with the executor unpipelined
@@ -132,7 +145,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines())}
-for mode in ("bf16", "fp8", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
+for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
     if not (out / mode / "latency.json").is_file():
         continue
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
