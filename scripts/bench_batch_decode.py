@@ -114,11 +114,12 @@ def gemms(rows, bw, M, reps):
 
 
 def main() -> None:
-    args, bw = bench_cli(__doc__, "batch_decode.json", 20)
+    args, bw = bench_cli(__doc__, "batch_decode.json", 20,
+                         (("--gemms-only", "time the GEMMs, not the attention points"),))  # fmt: skip
     rows, points = [], []
     gemm_ms = {M: gemms(rows, bw, M, args.reps) for M in sorted({m for _, _, m in POINTS})}
     gemms(rows, bw, PREFILL_ROWS, args.reps)  # a full prefill chunk (max_num_tokens 8,192)
-    for B, ctx, M in POINTS:
+    for B, ctx, M in () if args.gemms_only else POINTS:
         attn = {kv: attention(rows, bw, B, ctx, kv, args.reps, launched=M) for kv in KV_KINDS}
         g = gemm_ms[M]
         layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)

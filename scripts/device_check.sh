@@ -18,6 +18,8 @@
 #   fp8gemv  the FP8 GEMM tactics at batch 1 (CUDA-core and tensor-core GEMVs, cuBLASLt) per
 #            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
+#   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
+#            batches and at 8,192 rows (batch_gemms.json)                               ~40 s
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
@@ -91,6 +93,10 @@ for stage in "${@:-tests}"; do
       timeout 170 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
       tail -8 "$OUT/batch_decode.log" ;;
+    gemms)
+      timeout 100 python3 scripts/bench_batch_decode.py --gemms-only --out "$OUT/batch_gemms.json" \
+        > "$OUT/batch_gemms.log" 2>&1 || rc=1
+      grep -E "^gemm fp8_cublaslt" "$OUT/batch_gemms.log" ;;
     step)
       timeout 150 python3 scripts/bench_step_kernels.py --out "$OUT/step_kernels.json" \
         > "$OUT/step_kernels.log" 2>&1 || rc=1
@@ -109,7 +115,7 @@ for stage in "${@:-tests}"; do
       timeout "${QUANT_TIMEOUT:-540}" bash scripts/bench_quant.sh "$OUT/quant" \
         > "$OUT/quant.log" 2>&1 || rc=1
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|step|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|gemms|step|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc
