@@ -65,9 +65,10 @@ def test_fp8_gemm_matches_scaled_mm_and_dequantized_matmul(dtype):
 
 
 @pytest.mark.parametrize("fast", [0, 1])
-def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast):
+@pytest.mark.parametrize("rows", [64, 511, 512, 8192])
+def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, rows):
     """A tactic's fast_accum (build-engine --fp8-fast-accum) reaches `torch._scaled_mm` on the
-    cuBLASLt path (meta tensors: the call is recorded, nothing runs)."""
+    cuBLASLt path from FAST_ACCUM_MIN_ROWS rows on (meta tensors: the call is recorded)."""
     pytest.importorskip("triton")
     from ingot.plugins.quant import cuda_fp8
     from ingot.plugins.registry import Tactic
@@ -81,11 +82,12 @@ def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast):
     monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
     fn = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", fast),)))
-    xq = torch.empty(64, 256, dtype=torch.float8_e4m3fn, device="meta")
+    xq = torch.empty(rows, 256, dtype=torch.float8_e4m3fn, device="meta")
     w = torch.empty(96, 256, dtype=torch.float8_e4m3fn, device="meta")
     one = torch.ones((), device="meta")
     y = fn(xq, w, one, one, out_dtype=torch.bfloat16)
-    assert y.shape == (64, 96) and [c["use_fast_accum"] for c in calls] == [bool(fast)]
+    expected = bool(fast) and rows >= cuda_fp8.FAST_ACCUM_MIN_ROWS == 512
+    assert y.shape == (rows, 96) and [c["use_fast_accum"] for c in calls] == [expected]
 
 
 def test_fp8_saturates_instead_of_overflowing():

@@ -11,7 +11,8 @@ products accumulated in fp32, scaled by input_scale * weight_scale, bias added, 
 output dtype. The engine's weight [N, K] row-major is the column-major B `_scaled_mm` wants.
 A tactic with `fast_accum` (engines built with --fp8-fast-accum) lets cuBLASLt accumulate in
 the tensor cores alone, without promoting partial sums to full fp32 every few K steps
-(cuBLASLt's fast-accumulation mode): meant to be faster, less exact over long K.
+(cuBLASLt's fast-accumulation mode), for x of at least FAST_ACCUM_MIN_ROWS rows: faster there,
+less exact over long K.
 
 cuBLASLt's FP8 GEMM needs SM >= 89, K and N multiples of 16 and 16-byte aligned operands;
 other shapes take a fallback in the same call: the fp8 operands upcast to fp32 and multiplied by
@@ -42,6 +43,11 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
     gemv_tactic(8, 2048, 4, 1, max_m=4),
     gemv_tactic(4, 4096, 8, 2, max_m=2),
 )
+# NOTE: H100, Llama-3.1-8B layer GEMMs (scripts/bench_batch_decode.py --gemms-only, two runs):
+# fast accumulation took 10% off at 8,192 rows and 6.5% at 512, ~2% at 128, but cuBLASLt's
+# fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us)
+FAST_ACCUM_MIN_ROWS = 512
+
 # fp8_gemm's candidates, first its cross-build default: the GEMV fastest at every Llama-8B
 # site at batch 1 on the H200 (2026-12-04, 8-35% ahead of cuBLASLt) and within 2% of the
 # fastest on the H100 (2026-12-05 evening, 14-30% ahead); larger batches run cuBLASLt
@@ -114,7 +120,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
             scale_b=weight_scale,
             bias=bias if fused_bias else None,
             out_dtype=torch.float32 if bias is not None and not fused_bias else out_dtype,
-            use_fast_accum=fast_accum,
+            use_fast_accum=fast_accum and xq.shape[0] >= FAST_ACCUM_MIN_ROWS,
         )
         if bias is not None and not fused_bias:
             y = (y + bias.float()).to(out_dtype)
