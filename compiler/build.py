@@ -150,26 +150,23 @@ def select_plugins(
         )
     else:
         choices = [c for c in default_choices(target, model) if c.name not in unused]
-    return tuple(with_fp8_fast_accum(choices, target) if build.fp8_fast_accum else choices)
+    return tuple(with_fp8_fast_accum(choices) if build.fp8_fast_accum else choices)
 
 
 # the plugins whose large-batch path is `cuda_fp8.make_fp8_linear`'s cuBLASLt call
 FP8_CUBLASLT_PLUGINS = ("fp8_gemm", "fp8_swiglu_gemm", "fp8_qkv_rope_gemm")
 
 
-def with_fp8_fast_accum(choices: list[PluginChoice], target: str) -> list[PluginChoice]:
-    """The FP8 GEMM plugins' tactics with `fast_accum` set (build-engine --fp8-fast-accum);
-    a choice left at its default tactic gets that default, named."""
-    out, kind = [], target_kind(target)
-    for c in choices:
-        if c.name in FP8_CUBLASLT_PLUGINS:
-            name, params = c.tactic, c.params
-            if name is None:
-                t = get_spec(c.name).default_tactic(kind)
-                name, params = t.name, t.as_dict()
-            c = dataclasses.replace(c, tactic=name, params={**(params or {}), "fast_accum": 1})
-        out.append(c)
-    return out
+def with_fp8_fast_accum(choices: list[PluginChoice]) -> list[PluginChoice]:
+    """The FP8 GEMM plugins' tactics with `fast_accum` set (build-engine --fp8-fast-accum;
+    every such choice names a tactic: these plugins have GPU candidates, and the flag needs a
+    GPU target)."""
+    return [
+        dataclasses.replace(c, params={**(c.params or {}), "fast_accum": 1})
+        if c.name in FP8_CUBLASLT_PLUGINS
+        else c
+        for c in choices
+    ]
 
 
 def check_fp8_fast_accum(build: BuildConfig, quant: QuantConfig) -> None:

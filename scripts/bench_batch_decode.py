@@ -42,7 +42,6 @@ from bench_kernels import (  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
 from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
-from ingot.plugins.registry import Tactic  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072, 128), (448, 3072, 448), (435, 3072, 512), (435, 3072, 448),
@@ -88,7 +87,7 @@ def gemms(rows, bw, M, reps):
     s = torch.ones((), device=DEV, dtype=torch.float32)
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
     fp8 = cuda_fp8.make_fp8_linear(t)
-    fast = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", 1),)))
+    fast = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t))
     for name, (N, K) in {**LAYER_GEMMS, "lm_head": (VOCAB, D)}.items():
         w = torch.randn(N, K, device=DEV, dtype=BF16)
         x = torch.randn(M, K, device=DEV, dtype=BF16)

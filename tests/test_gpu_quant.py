@@ -27,7 +27,6 @@ from ingot.plugins.quant import cuda_fp8
 from ingot.plugins.quant import reference as qref
 from ingot.plugins.quant import triton_quantize as tq
 from ingot.plugins.quant import triton_w4a16 as tw
-from ingot.plugins.registry import Tactic
 
 pytestmark = [
     pytest.mark.gpu,
@@ -115,7 +114,7 @@ def test_fp8_gemm_fast_accumulation_within_the_fp8_tolerance(N, K):
     w_scale = w.abs().max() / 448
     weight = qref.quantize_fp8(w, w_scale)
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
-    fast = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", 1),)))
+    fast = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t))
     for T, b in ((64, None), (512, torch.randn(N, device=DEV, dtype=BF16)), (2048, None)):
         x = torch.randn(T, K, device=DEV, dtype=BF16)
         in_scale = x.float().abs().max() / 448

@@ -74,8 +74,9 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     fast = mode == "fp8_fast_accum"
     build = dict(BUILD, fp8_fast_accum=True) if fast else BUILD
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=build, tactics=tactics)
-    quant = load_engine(gpu).config.quant
-    fp8_params = [c.params for c in load_engine(gpu).config.plugins if c.name.startswith("fp8_")]
+    gpu_cfg = load_engine(gpu).config
+    quant = gpu_cfg.quant
+    fp8_params = [c.params for c in gpu_cfg.plugins if c.name.startswith("fp8_")]
     assert fp8_params or weights != "fp8"
     assert all(bool((p or {}).get("fast_accum")) == fast for p in fp8_params)
     assert (quant.mode, quant.kv_cache_dtype, quant.lm_head) == (weights, kv, opts.lm_head)

@@ -71,7 +71,6 @@ def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, rows):
     cuBLASLt path from FAST_ACCUM_MIN_ROWS rows on (meta tensors: the call is recorded)."""
     pytest.importorskip("triton")
     from ingot.plugins.quant import cuda_fp8
-    from ingot.plugins.registry import Tactic
 
     calls = []
 
@@ -81,7 +80,7 @@ def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, rows):
 
     monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
-    fn = cuda_fp8.make_fp8_linear(Tactic(t.name, t.params + (("fast_accum", fast),)))
+    fn = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t) if fast else t)
     xq = torch.empty(rows, 256, dtype=torch.float8_e4m3fn, device="meta")
     w = torch.empty(96, 256, dtype=torch.float8_e4m3fn, device="meta")
     one = torch.ones((), device="meta")

@@ -48,6 +48,12 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
 # fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us)
 FAST_ACCUM_MIN_ROWS = 512
 
+
+def fast_accum_tactic(t: Tactic) -> Tactic:
+    """`t` with fast accumulation on (what build-engine --fp8-fast-accum records)."""
+    return Tactic(t.name, t.params + (("fast_accum", 1),))
+
+
 # fp8_gemm's candidates, first its cross-build default: the GEMV fastest at every Llama-8B
 # site at batch 1 on the H200 (2026-12-04, 8-35% ahead of cuBLASLt) and within 2% of the
 # fastest on the H100 (2026-12-05 evening, 14-30% ahead); larger batches run cuBLASLt
