@@ -44,7 +44,7 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
     gemv_tactic(4, 4096, 8, 2, max_m=2),
 )
 # NOTE: H100, Llama-3.1-8B layer GEMMs (scripts/bench_batch_decode.py --gemms-only, two runs):
-# fast accumulation took 10% off at 8,192 rows and 6.5% at 512, ~2% at 128, but cuBLASLt's
+# fast accumulation took 10% off at 8,192 rows and 6.4% at 512, ~2% at 128, but cuBLASLt's
 # fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us)
 FAST_ACCUM_MIN_ROWS = 512
 
