@@ -37,6 +37,7 @@ from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.timing import Lap
 
+from . import fast_accum
 from .atomic import atomic_output_dir
 from .checkpoint import TOKENIZER_DIR, load_checkpoint, verify_rank_file
 from .kernel_bundle import build_kernel_bundle
@@ -136,7 +137,8 @@ def select_plugins(
     unused = unused_plugins(quant.mode, quant.lm_head)
     # NOTE: plugins without an implementation for the target kind are left out; an engine
     # that needs one fails when the kernel dry run binds its ops (`kernel_bundle`).
-    if tactics == "auto" and can_time_on(target):
+    timed = tactics == "auto" and can_time_on(target)
+    if timed:
         choices = list(
             timed_choices(
                 model,
@@ -150,23 +152,11 @@ def select_plugins(
         )
     else:
         choices = [c for c in default_choices(target, model) if c.name not in unused]
-    return tuple(with_fp8_fast_accum(choices) if build.fp8_fast_accum else choices)
-
-
-# the plugins whose large-batch path is `cuda_fp8.make_fp8_linear`'s cuBLASLt call
-FP8_CUBLASLT_PLUGINS = ("fp8_gemm", "fp8_swiglu_gemm", "fp8_qkv_rope_gemm")
-
-
-def with_fp8_fast_accum(choices: list[PluginChoice]) -> list[PluginChoice]:
-    """The FP8 GEMM plugins' tactics with `fast_accum` set (build-engine --fp8-fast-accum;
-    every such choice names a tactic: these plugins have GPU candidates, and the flag needs a
-    GPU target)."""
-    return [
-        dataclasses.replace(c, params={**(c.params or {}), "fast_accum": 1})
-        if c.name in FP8_CUBLASLT_PLUGINS
-        else c
-        for c in choices
-    ]
+    if not build.fp8_fast_accum:
+        return tuple(choices)
+    # timed on this GPU where the other tactics were, else the plugin's fixed floor
+    time_fn = fast_accum.gpu_time_fn() if timed else None
+    return tuple(fast_accum.with_fp8_fast_accum(choices, model, build, time_fn, progress))
 
 
 def check_fp8_fast_accum(build: BuildConfig, quant: QuantConfig) -> None:

@@ -76,9 +76,10 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=build, tactics=tactics)
     gpu_cfg = load_engine(gpu).config
     quant = gpu_cfg.quant
-    fp8_params = [c.params for c in gpu_cfg.plugins if c.name.startswith("fp8_")]
-    assert fp8_params or weights != "fp8"
-    assert all(bool((p or {}).get("fast_accum")) == fast for p in fp8_params)
+    fp8_gemms = [c for c in gpu_cfg.plugins if c.name.startswith("fp8_")]
+    assert fp8_gemms or weights != "fp8"
+    for c in fp8_gemms:
+        _check_fast_accum(c, fast, gpu_cfg.build)
     assert (quant.mode, quant.kv_cache_dtype, quant.lm_head) == (weights, kv, opts.lm_head)
     prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=9)
     on_cpu = serve_staggered(cpu, prompts, NEW)
@@ -86,6 +87,23 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     assert strict_agreement(on_gpu, on_cpu) >= 0.95, (on_gpu, on_cpu)
     # without graphs (eager decode) the GPU engine makes the same choices as with them
     assert strict_agreement(serve_staggered(gpu, prompts, NEW, cuda_graphs=False), on_gpu) >= 0.95
+
+
+def _check_fast_accum(choice, fast: bool, build) -> None:
+    """Off unless asked for; asked for, a GEMM of a known shape was timed in both modes at
+    each of the engine's row counts, and runs fast accumulation from the rows where it won."""
+    from ingot.compiler.fast_accum import min_rows_from, site_of, timed_rows
+
+    params, timings = choice.params or {}, choice.timings_ms or {}
+    site = site_of(choice)
+    if not fast or site is None:
+        assert bool(params.get("fast_accum")) == fast, choice
+        return
+    rows = timed_rows(build, site)
+    times = {r: (timings[f"promoted@rows{r}"], timings[f"fast_accum@rows{r}"]) for r in rows}
+    floor = min_rows_from(times)
+    assert rows and params.get("fast_accum_min_rows") == floor, choice
+    assert bool(params.get("fast_accum")) == (floor is not None), choice
 
 
 def _with_pdl(engine_dir):

@@ -144,9 +144,10 @@ def test_quantized_engines_cross_build_for_sm_90(ckpts, tmp_path):
 @pytest.mark.parametrize("key", ["fp8", "int4_awq_lm_head"])
 def test_fp8_fast_accum_is_set_on_every_fp8_gemm_plugin(ckpts, tmp_path, key):
     """--fp8-fast-accum (cross-built, default tactics): each FP8 GEMM plugin's tactic carries
-    fast_accum, nothing else does, the build records it and inspect-engine shows it."""
+    fast_accum with the plugin's fixed floor (nothing timed it), nothing else does, the build
+    records it and inspect-engine shows it."""
     pytest.importorskip("triton", reason="cross-building GPU engines needs triton installed")
-    from ingot.compiler.build import FP8_CUBLASLT_PLUGINS
+    from ingot.compiler.fast_accum import FP8_CUBLASLT_PLUGINS
 
     out = tmp_path / "e"
     r = invoke("build-engine", "--checkpoint-dir", ckpts[key], "--output-dir", out,
@@ -158,6 +159,7 @@ def test_fp8_fast_accum_is_set_on_every_fp8_gemm_plugin(ckpts, tmp_path, key):
     present = {p["name"] for p in d["plugins"]} & set(FP8_CUBLASLT_PLUGINS)
     assert fast == present and "fp8_gemm" in fast
     assert all(p["tactic"] for p in d["plugins"] if p["name"] in fast)  # defaults named
+    assert not any("fast_accum_min_rows" in (p["params"] or {}) for p in d["plugins"])
     r = invoke("inspect-engine", "--engine-dir", out)
     assert r.exit_code == 0 and "FP8 GEMMs with fast accumulation" in r.output
 

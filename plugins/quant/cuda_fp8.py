@@ -11,8 +11,9 @@ products accumulated in fp32, scaled by input_scale * weight_scale, bias added, 
 output dtype. The engine's weight [N, K] row-major is the column-major B `_scaled_mm` wants.
 A tactic with `fast_accum` (engines built with --fp8-fast-accum) lets cuBLASLt accumulate in
 the tensor cores alone, without promoting partial sums to full fp32 every few K steps
-(cuBLASLt's fast-accumulation mode), for x of at least FAST_ACCUM_MIN_ROWS rows: faster there,
-less exact over long K.
+(cuBLASLt's fast-accumulation mode), for x of at least `fast_accum_min_rows` rows (timed per
+GEMM by a build on the GPU, `compiler/fast_accum.py`; FAST_ACCUM_MIN_ROWS in a cross-built
+engine): faster there, less exact over long K.
 
 cuBLASLt's FP8 GEMM needs SM >= 89, K and N multiples of 16 and 16-byte aligned operands;
 other shapes take a fallback in the same call: the fp8 operands upcast to fp32 and multiplied by
@@ -45,13 +46,16 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
 )
 # NOTE: H100, Llama-3.1-8B layer GEMMs (scripts/bench_batch_decode.py --gemms-only, two runs):
 # fast accumulation took 10% off at 8,192 rows and 6.4% at 512, ~2% at 128, but cuBLASLt's
-# fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us)
+# fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us). A build on the
+# GPU times it per GEMM instead (`fast_accum_min_rows`); this is a cross-built engine's floor.
 FAST_ACCUM_MIN_ROWS = 512
 
 
-def fast_accum_tactic(t: Tactic) -> Tactic:
-    """`t` with fast accumulation on (what build-engine --fp8-fast-accum records)."""
-    return Tactic(t.name, t.params + (("fast_accum", 1),))
+def fast_accum_tactic(t: Tactic, min_rows: int | None = None) -> Tactic:
+    """`t` with fast accumulation on (what build-engine --fp8-fast-accum records), from
+    `min_rows` rows (None: FAST_ACCUM_MIN_ROWS)."""
+    floor = () if min_rows is None else (("fast_accum_min_rows", min_rows),)
+    return Tactic(t.name, t.params + (("fast_accum", 1),) + floor)
 
 
 # fp8_gemm's candidates, first its cross-build default: the GEMV fastest at every Llama-8B
@@ -81,7 +85,8 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 def make_fp8_linear(tactic: Tactic | None = None):
     params = tactic.as_dict() if tactic is not None else {}
     max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
-    fast_accum = bool(params.get("fast_accum", 0))
+    fast_from = int(params.get("fast_accum_min_rows", FAST_ACCUM_MIN_ROWS))
+    fast_from = fast_from if params.get("fast_accum", 0) else None  # None: fp32 promotion
     qtactic = None if max_m else (tactic or FP8_GEMM_TACTICS[0])
 
     def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -126,7 +131,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
             scale_b=weight_scale,
             bias=bias if fused_bias else None,
             out_dtype=torch.float32 if bias is not None and not fused_bias else out_dtype,
-            use_fast_accum=fast_accum and xq.shape[0] >= FAST_ACCUM_MIN_ROWS,
+            use_fast_accum=fast_from is not None and xq.shape[0] >= fast_from,
         )
         if bias is not None and not fused_bias:
             y = (y + bias.float()).to(out_dtype)
