@@ -70,11 +70,13 @@ def build_engine_cmd(
     fp8_fast_accum: bool = typer.Option(
         None,
         "--fp8-fast-accum/--no-fp8-fast-accum",
-        help="FP8 engines (and FP8 lm_heads): let cuBLASLt's FP8 GEMMs of 512 rows or more "
-        "(prefill chunks, large decode batches) accumulate in the tensor cores alone, without "
-        "promoting partial sums to full fp32 every few K steps: ~6-10% faster GEMMs on an "
-        "H100, less exact over long inner dimensions; the checkpoint's accuracy report is "
-        "measured without it. GPU targets. [preset, else off]",
+        help="FP8 engines (and FP8 lm_heads): let cuBLASLt's FP8 GEMMs (prefill chunks, "
+        "large decode batches) accumulate in the tensor cores alone, without promoting partial "
+        "sums to full fp32 every few K steps: ~6-10% faster GEMMs on an H100, but slower at "
+        "some sizes, so a build on the target GPU times both modes per GEMM and uses it from "
+        "the rows where it wins (a cross-build: from 512 rows). Less exact over long inner "
+        "dimensions; the checkpoint's accuracy report is measured without it. GPU targets. "
+        "[preset, else off]",
     ),
     force: bool = typer.Option(
         False, "--force", help="Replace an existing engine in --output-dir."
