@@ -8,7 +8,8 @@
 # int4_awq), calibrating with ModelOpt on the GPU, builds each engine, then runs `ingot bench`:
 # latency (batch 1, 128/128) for each, and for FP8 throughput at 128/128, 2048/2048 and
 # 2048/128 (BF16 throughput at those shapes is in the standard grid; MODES="fp8 fp8_fa" adds the
-# FP8 engine built with --fp8-fast-accum from the same checkpoint). Results:
+# FP8 engine built with --fp8-fast-accum from the same checkpoint, fp8_lm_head_fa the same
+# for fp8_lm_head's). Results:
 # OUT_DIR/<mode>/{latency,tput_*}/*.json, OUT_DIR/<mode>/phases.json (convert and build seconds
 # by phase) and OUT_DIR/summary.json (convert/build seconds, the headline figures side by side). MODES="bf16 fp8" (say) runs a subset (fp8_lm_head and
 # int4_awq_lm_head: the lm_head quantized to FP8 too, not in the default set); TPUT_MODES picks the
@@ -67,7 +68,8 @@ declare -A quant=([bf16]="" [fp8]="--quant fp8 --kv-cache-dtype fp8" [int4_awq]=
   [int4_awq_lm_head]="--quant int4_awq --quant-lm-head")
 # modes that build another engine from a mode's checkpoint: fp8_fa is fp8 built with
 # --fp8-fast-accum (after fp8 in MODES, it reuses fp8's checkpoint: one convert for both)
-declare -A ckpt_of=([fp8_fa]=fp8) build_of=([fp8_fa]="--fp8-fast-accum")
+declare -A ckpt_of=([fp8_fa]=fp8 [fp8_lm_head_fa]=fp8_lm_head) \
+  build_of=([fp8_fa]="--fp8-fast-accum" [fp8_lm_head_fa]="--fp8-fast-accum")
 modes=(${MODES:-bf16 fp8 int4_awq})
 for m in "${!modes[@]}"; do
   mode=${modes[$m]} base=${ckpt_of[${modes[$m]}]:-${modes[$m]}}
@@ -145,7 +147,8 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines())}
-for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "int4_awq", "int4_awq_lm_head"):
+for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq",
+             "int4_awq_lm_head"):
     if not (out / mode / "latency.json").is_file():
         continue
     lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
