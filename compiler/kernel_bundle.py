@@ -16,8 +16,14 @@ from collections.abc import Iterator
 import torch
 
 from ingot.plugins.attention.layout import SHORT_CONTEXT
+from ingot.plugins.attention.reference import ANY_DECODES
 from ingot.runtime.config import BuildConfig, ModelConfig, QuantConfig
-from ingot.runtime.cuda_graphs import SHORT_TIER_MAX_BATCH, batch_buckets, prefill_buckets
+from ingot.runtime.cuda_graphs import (
+    SHORT_TIER_MAX_BATCH,
+    batch_buckets,
+    prefill_buckets,
+    prefill_graph_keys,
+)
 from ingot.runtime.engine import EngineConfig, PluginChoice
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.kv_cache import KVCache
@@ -48,7 +54,11 @@ def recorded_launches() -> Iterator[list]:
 
 
 def _meta_batch(
-    lens_new: list[int], width: int, max_ctx: int, max_query_len: int | None = None
+    lens_new: list[int],
+    width: int,
+    max_ctx: int,
+    max_query_len: int | None = None,
+    num_decodes: int = 0,
 ) -> AttnMetadata:
     i32 = dict(dtype=torch.int32, device="meta")
     b, t = len(lens_new), sum(lens_new)
@@ -59,8 +69,8 @@ def _meta_batch(
         query_start_loc=torch.empty(b + 1, **i32),
         max_context_len=max_ctx,
         max_query_len=max_query_len or max(lens_new),
-        # as the executor's eager steps (captured prefill graphs pass max_query_len: none)
-        num_decodes=0 if max_query_len else trailing_decodes(lens_new),
+        # as the executor's eager steps (captured prefill graphs pass max_query_len and theirs)
+        num_decodes=num_decodes if max_query_len else trailing_decodes(lens_new),
     )
 
 
@@ -96,24 +106,28 @@ def engine_launches(
     decoder, kv = dry_run_decoder(model, quant, build, plugins, shapes)
     width = -(-build.max_seq_len // build.tokens_per_block)
     table_tokens = width * build.tokens_per_block
-    batches: list[tuple[list[int], int, int | None]] = [
-        ([1] * b, build.max_seq_len, None) for b in batch_buckets(build.max_batch_size)
+    batches: list[tuple[list[int], int, int | None, int]] = [
+        ([1] * b, build.max_seq_len, None, 0) for b in batch_buckets(build.max_batch_size)
     ]
     if build.max_seq_len > SHORT_CONTEXT:  # the small-batch decode graphs' short tier
-        batches += [([1] * b, SHORT_CONTEXT, None) for b in batch_buckets(build.max_batch_size)
+        batches += [([1] * b, SHORT_CONTEXT, None, 0) for b in batch_buckets(build.max_batch_size)
                     if b <= SHORT_TIER_MAX_BATCH]  # fmt: skip
     for t in PREFILL_TOKENS:
         if t <= build.max_num_tokens:
-            batches.append(([t], t, None))  # one prompt
-            batches.append(([t, 1], t + 1, None))  # a chunk beside a decode
+            batches.append(([t], t, None, 0))  # one prompt
+            batches.append(([t, 1], t + 1, None, 0))  # a chunk beside a decode
     if build.max_batch_size > 2:  # a chunk beside many decodes (their own decode launch)
-        batches.append(([16] + [1] * (build.max_batch_size - 1), build.max_seq_len, None))
-    for b in prefill_buckets(build.max_num_tokens):
-        batches.append(([1, b - 1], table_tokens, b))  # a captured prefill graph (+ padding)
+        batches.append(([16] + [1] * (build.max_batch_size - 1), build.max_seq_len, None, 0))
+    # the captured prefill graphs: a lone prompt (+ padding); several sequences (+ padding),
+    # whose one-query sequences the decode kernel takes wherever they sit
+    keys = prefill_graph_keys(prefill_buckets(build.max_num_tokens), build.max_batch_size)
+    for tier, b in keys:
+        lens, nd = ([1, b - 1], 0) if tier == 1 else ([0] * tier + [b], ANY_DECODES)
+        batches.append((lens, table_tokens, b, nd))
     with recorded_launches() as specs:
-        for new, max_ctx, max_q in batches:
+        for new, max_ctx, max_q, nd in batches:
             t = sum(new)
-            meta = _meta_batch(new, width, max_ctx, max_q)
+            meta = _meta_batch(new, width, max_ctx, max_q, nd)
             ids = torch.empty(t, dtype=torch.int32, device="meta")
             hidden = decoder.forward(ids, ids, meta, kv)
             decoder.logits(hidden[: len(new)])

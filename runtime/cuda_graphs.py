@@ -17,6 +17,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from ingot.plugins.attention.reference import ANY_DECODES
+
 from .kv_cache import KVCache
 from .memory import PREFILL_GRAPH_TOKENS
 from .model import AttnMetadata, Decoder, SampleRows
@@ -282,10 +284,12 @@ class PrefillGraphs:
     Both live in the scratch block: they write to and read from it only. Each graph samples s
     rows: the step's sampling rows first, then rows of the padding sequence (discarded).
 
-    A mixed step's decodes run the prefill attention kernel here (the graph cannot know how
-    many trailing sequences decode), one program a head over the whole context, without the
-    decode kernel's context splits: more GPU time at long contexts than the eager step spends
-    on them (not yet measured), against the eager step's host time.
+    A mixed step's decodes run the decode kernel, as they do eagerly: the graph cannot know
+    which sequences decode, so in graphs of several sequences attention takes every
+    one-query sequence to the decode kernel and every other one to the prefill kernel, each
+    kernel's programs finding out from the query offsets (`AttnMetadata.num_decodes`
+    ANY_DECODES). Before, a decode there ran the prefill kernel: a whole query tile over its
+    whole context in one program a head, without the decode kernel's context splits.
     """
 
     def __init__(
@@ -333,9 +337,11 @@ class PrefillGraphs:
     def _run(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         tier, bucket = key
         ids, pos, slots, ctx, qsl, last, seqs, tables = self.d
+        # a lone prompt's graph (tier 1) has no decodes
         meta = AttnMetadata(
             slots[:bucket], tables[: tier + 1], ctx[: tier + 1], qsl[: tier + 2],
             tables.shape[1] * self.kv.tokens_per_block, bucket,
+            num_decodes=ANY_DECODES if tier > 1 else 0,
         )  # fmt: skip
         rows = SampleRows(last[:tier], seqs[:tier])
         hidden = self.decoder.forward(ids[:bucket], pos[:bucket], meta, self.kv, rows)

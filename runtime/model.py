@@ -38,7 +38,8 @@ class AttnMetadata:
     query_start_loc: torch.Tensor
     max_context_len: int  # an upper bound is fine (sizes GPU grids)
     max_query_len: int  # 1 means every sequence decodes one token
-    # the last num_decodes sequences have one query each (a mixed step's decodes; host-known)
+    # the last num_decodes sequences have one query each (a mixed step's decodes; host-known),
+    # or ANY_DECODES: the one-query sequences may sit anywhere (a captured graph)
     num_decodes: int = 0
 
 

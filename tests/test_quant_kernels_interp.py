@@ -742,6 +742,63 @@ else:
         assert calls == [] and rel_err(out2, ref) < 5e-2
 
     @pytest.mark.parametrize("kind", KV_KINDS[:2])
+    @pytest.mark.parametrize("quant_out", [False, True])
+    def test_graph_step_takes_one_query_sequences_anywhere_to_the_decode_kernel(
+        kind, quant_out, monkeypatch
+    ):
+        """ANY_DECODES (a captured graph of a step with prompts, which cannot know its
+        decodes): one-query sequences anywhere in the step (decodes before, between and after
+        prompts, a padding sequence of one token last; empty sequences between) run the
+        decode kernel at their rows, split in two (merged) or not; the prefill kernel leaves
+        them alone. Every row equals the reference's, and no row is written twice."""
+        monkeypatch.setitem(globals(), "NB", 64)
+        torch.manual_seed(16)
+        new, ctx = [1, 9, 0, 1, 3, 1], [70, 9, 1, 40, 20, 1]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind)
+        fn = dec.make_paged_attention(dec.combine_tactics(dec.DECODE_TACTICS[3], SMALL_TILES[1]))
+        calls = []
+        launch_dec, launch_pf = dec.launch_decode, dec.launch_prefill
+
+        def spy_dec(*args, qsl=None, **kw):
+            calls.append(("decode", qsl is not None))
+            return launch_dec(*args, qsl=qsl, **kw)
+
+        def spy_pf(*args, skip_single=False, **kw):
+            calls.append(("prefill", skip_single))
+            return launch_pf(*args, skip_single=skip_single, **kw)
+
+        monkeypatch.setattr(dec, "launch_decode", spy_dec)
+        monkeypatch.setattr(dec, "launch_prefill", spy_pf)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        kw = dict(max_query_len=16, num_decodes=attn_ref.ANY_DECODES, **scales)
+        if quant_out:
+            kw["out_scale"] = ref.float().abs().max() / 448
+            ref = qref.quantize_fp8(ref, kw["out_scale"])
+        out = torch.full_like(ref, float("nan"))
+        fn(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out, **kw)
+        assert calls == [("prefill", True), ("decode", True)]
+        scale = kw["out_scale"] if quant_out else 1.0
+        assert not out.float().isnan().any()
+        for b in range(len(new)):  # each sequence's rows, one at a time
+            rows = slice(int(qsl[b]), int(qsl[b + 1]))
+            got, want = out[rows].float() * scale, ref[rows].float() * scale
+            assert rel_err(got, want) < 5e-2, (b, new[b])
+        # each kernel alone leaves the other's rows untouched (still NaN)
+        for skip in (True, False):
+            out = torch.full_like(ref, float("nan"))
+            if skip:
+                dec.launch_prefill(q, kc, vc, bt, cl, qsl, HD**-0.5, 0, 16, out,
+                                   SMALL_TILES[1].as_dict(), out_scale=kw.get("out_scale"),
+                                   skip_single=True, **scales)  # fmt: skip
+            else:
+                dec.launch_decode(q, kc, vc, bt, cl, HD**-0.5, 0, 80, out,
+                                  dec.DECODE_TACTICS[3].as_dict(), out_scale=kw.get("out_scale"),
+                                  qsl=qsl, **scales)  # fmt: skip
+            written = ~out.float().isnan().flatten(1).all(1)
+            single = torch.tensor([n == 1 for n in new for _ in range(n)])
+            assert torch.equal(written, ~single if skip else single), (skip, written)
+
+    @pytest.mark.parametrize("kind", KV_KINDS[:2])
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     def test_attention_output_quantized_for_the_fp8_o_projection(kind, dtype, monkeypatch):
         """out_scale: the kernels store the bits the quantize kernel gives from their output in

@@ -47,11 +47,18 @@ def write_cache(
     cache[slots // bs, slots % bs] = x.to(cache.dtype)
 
 
+# num_decodes of a step whose one-query sequences the host does not know (a captured graph of
+# a step with prompts, runtime/cuda_graphs.py): the GPU attention runs every one-query sequence,
+# wherever it sits, with the decode kernel (a one-token prompt chunk too: the same attention)
+ANY_DECODES = -1
+
+
 def decode_rows(num_tokens: int, num_seqs: int, max_query_len: int, num_decodes: int) -> int:
     """How many sequences at the end of a step (one query row each, the last rows of q) the
     GPU attention runs as decodes: all of them in a decode-only step, else the mixed step's
-    trailing `num_decodes` (the prefill kernel takes the rest). `new_v` of paged_attention holds
-    the V of exactly these rows."""
+    trailing `num_decodes` (the prefill kernel takes the rest; none with ANY_DECODES, whose
+    decodes are not trailing rows). `new_v` of paged_attention holds the V of exactly these
+    rows."""
     if max_query_len == 1 and num_tokens == num_seqs:
         return num_seqs
     return num_decodes if 0 < num_decodes < num_seqs else 0
@@ -124,7 +131,7 @@ def paged_attention(
     sliding_window: a query at position i sees keys j with i - sliding_window < j <= i.
     max_query_len / max_context_len: batch metadata GPU kernels use to size their grids (the
     reference derives what it needs), as is num_decodes (how many sequences at the end have
-    one query each). out: optional [T, Hq, hd] result buffer.
+    one query each, or ANY_DECODES). out: optional [T, Hq, hd] result buffer.
     k_scale / v_scale: an FP8 KV cache's scales (see write_kv); None for a plain cache.
     out_scale: the result in q.dtype is quantized to float8_e4m3fn with it (float32 []), as the
     FP8 o projection quantizes its input (quant/reference.py: quantize_fp8).

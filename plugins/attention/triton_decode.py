@@ -42,7 +42,7 @@ from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
 from .layout import SHORT_CONTEXT, check_kv_layout
-from .reference import check_new_v, decode_rows
+from .reference import ANY_DECODES, check_new_v, decode_rows
 from .triton_prefill import (
     LOG2E,
     PREFILL_TACTICS,
@@ -254,6 +254,7 @@ def _decode_kernel(
     cnt_ptr,
     os_ptr,
     nv_ptr,
+    qsl_ptr,
     scale_log2,
     window,
     G,
@@ -286,7 +287,11 @@ def _decode_kernel(
     WRITE_V: tl.constexpr = False,
     SEG: tl.constexpr = 32,
     SPLIT_MIN: tl.constexpr = 0,
+    QSL_ROWS: tl.constexpr = False,
 ):
+    """QSL_ROWS: program b is sequence b of a step with prompts (seq0 0) and attends only if
+    that sequence has one query, at row qsl[b] of q and out (ANY_DECODES, reference.py);
+    otherwise row b of q and out is sequence seq0 + b, one query each."""
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
@@ -295,6 +300,12 @@ def _decode_kernel(
     first, part = _split_range(ctx, window, NUM_SPLITS, USE_WINDOW, BLOCK_N, SPLIT_MIN)
     lo = first + sp * part
     end = tl.minimum(lo + part, ctx)
+    if QSL_ROWS:
+        q0 = tl.load(qsl_ptr + b)
+        end = tl.where(tl.load(qsl_ptr + b + 1) - q0 == 1, end, lo)  # else: no keys here
+        # row q0 of q and out is where the code below reads and writes row b
+        q_ptr += (q0 - b).to(tl.int64) * sqt
+        out_ptr += (q0 - b).to(tl.int64) * sot
     if lo < end:
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D_PAD)
@@ -539,13 +550,19 @@ def launch_decode(
     seq0=0,
     out_scale=None,
     new_v=None,
+    qsl=None,
 ) -> None:
     """q: [B, Hq, hd] (one query per sequence: row b is sequence seq0 + b of block_tables and
     context_lens). `window` <= 0: none. `max_context_len` (an upper bound is fine) sizes the
     split grid. k_scale / v_scale: an FP8 KV cache's scales (float32 []) or None (then the
     kernel is the plain one). out_scale: out is float8_e4m3fn, the output quantized with it.
-    new_v: [B, Hkv, hd], each row's newest V, stored into the cache first (reference.py)."""
+    new_v: [B, Hkv, hd], each row's newest V, stored into the cache first (reference.py).
+    qsl: a step's query_start_loc [B + 1] with q and out [T, Hq, hd]: each of the B sequences
+    with one query attends, at its row (ANY_DECODES), the others are left to the prefill
+    kernel."""
     B, hq, hd = q.shape
+    if qsl is not None:
+        B = qsl.shape[0] - 1
     hkv = k_cache.shape[2]
     if B == 0:
         return
@@ -582,6 +599,7 @@ def launch_decode(
         cnt,
         out_scale,
         new_v,
+        qsl,
         float(scale) * LOG2E,
         int(window),
         g,
@@ -613,6 +631,7 @@ def launch_decode(
         WRITE_V=new_v is not None,
         SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
         SPLIT_MIN=split_min,
+        QSL_ROWS=qsl is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(),
@@ -752,6 +771,20 @@ def make_paged_attention(tactic: Tactic | None = None):
         nd = decode_rows(T, B, int(max_query_len), num_decodes)
         if new_v is not None:
             check_new_v(new_v, nd)
+        if num_decodes == ANY_DECODES and nd < B:
+            # one-query sequences anywhere in the step (a captured graph): the decode kernel
+            # takes them at their rows, the prefill kernel skips them
+            launch_prefill(
+                q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
+                skip_single=True,
+            )  # fmt: skip
+            launch_decode(
+                q, k_cache, v_cache, block_tables, context_lens, scale, window, table_len, out,
+                decode_params(B * hkv, table_len), k_scale, v_scale, out_scale=out_scale,
+                qsl=query_start_loc,
+            )  # fmt: skip
+            return out
         if nd == B:
             bound = int(max_context_len or table_len)
             launch_decode(

@@ -251,11 +251,13 @@ def _prefill_kernel(
     PDL: tl.constexpr = False,
     PACK: tl.constexpr = 1,
     QUANT_OUT: tl.constexpr = False,
+    SKIP_SINGLE: tl.constexpr = False,
 ):
     """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
     (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
     BLOCK_M // G queries of the tile for each of the G q heads sharing that kv head, so every
-    K/V tile is loaded once for the group instead of once per head."""
+    K/V tile is loaded once for the group instead of once per head. SKIP_SINGLE: sequences of
+    one query are left alone (the decode kernel takes them: ANY_DECODES)."""
     pdl_begin(PDL)
     QM: tl.constexpr = BLOCK_M // PACK  # queries per tile
     # NOTE: the last query tiles (the most keys under causal masking) start first.
@@ -263,7 +265,10 @@ def _prefill_kernel(
     b = tl.program_id(2)
     q0 = tl.load(qsl_ptr + b)
     qlen = tl.load(qsl_ptr + b + 1) - q0
-    if mt * QM < qlen:
+    live = mt * QM < qlen
+    if SKIP_SINGLE:
+        live = live & (qlen > 1)
+    if live:
         ctx = tl.load(ctx_ptr + b)
         r = tl.arange(0, BLOCK_M)
         if PACK == 1:
@@ -338,11 +343,13 @@ def launch_prefill(
     k_scale=None,
     v_scale=None,
     out_scale=None,
+    skip_single=False,
 ) -> None:
     """Launch the prefill kernel. `window` <= 0 means no sliding window; `max_query_len` sizes
     the grid (an upper bound is fine). k_scale / v_scale: an FP8 KV cache's scales (float32 [])
     or None (then the kernel is the plain one). out_scale: out is float8_e4m3fn, the output
-    quantized with it (float32 [])."""
+    quantized with it (float32 []). skip_single: sequences of one query are not attended (the
+    decode kernel's, ANY_DECODES)."""
     T, hq, hd = q.shape
     hkv = k_cache.shape[2]
     B = context_lens.shape[0]
@@ -390,6 +397,7 @@ def launch_prefill(
         num_stages=int(params.get("num_stages", 2)),
         PACK=pack,
         QUANT_OUT=out_scale is not None,
+        SKIP_SINGLE=skip_single,
         **launch_options(),
     )
 
