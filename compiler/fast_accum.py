@@ -2,12 +2,15 @@
 
 Fast accumulation (`torch._scaled_mm(use_fast_accum=True)`) is not faster at every size: on the
 H100 it took 10% off Llama-3.1-8B's layer GEMMs at 8,192 rows and 6.4% at 512, but cuBLASLt's
-pick for gate_up at 448 rows ran 34% slower (docs/performance.md, 2026-12-06). So a build on
+pick for gate_up at 448 rows ran 34% slower (docs/performance.md, 2026-12-06); the H200 build
+of 2026-12-06 timed gate_up 43% slower with it at 448 rows and 10% faster at 512. So a build on
 the target GPU times both modes per GEMM at the row counts the engine runs (its decode graph
-buckets and powers of two from FAST_ACCUM_TIMED_FROM rows up to max_num_tokens) and records
-the smallest row count from which fast accumulation won at every timed size above it
-(`fast_accum_min_rows`); a GEMM where it lost at the largest size keeps full promotion. A
-cross-build (no GPU) records the plugin's fixed floor (`cuda_fp8.FAST_ACCUM_MIN_ROWS`).
+buckets and powers of two from FAST_ACCUM_TIMED_FROM rows up to max_num_tokens), each size in
+two rounds of opposite order, and runs fast accumulation on the rows each timed size stands for
+(those above the next smaller timed size, up to it) where it was faster by FAST_ACCUM_MARGIN:
+`fast_accum_rows` ("lo-hi" ranges, `cuda_fp8.fast_accum_ranges`). A GEMM where it never won
+keeps full promotion. A cross-build (no GPU) records the plugin's fixed floor
+(`cuda_fp8.FAST_ACCUM_MIN_ROWS`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ FP8_CUBLASLT_PLUGINS = {"fp8_gemm": None, "fp8_swiglu_gemm": "mlp.down",
                         "fp8_qkv_rope_gemm": "attn.qkv"}  # fmt: skip
 # fewer rows mostly run the decode GEMVs, not cuBLASLt
 FAST_ACCUM_TIMED_FROM = 16
+# how much faster fast accumulation must be at a size to be used there: the two modes were
+# 1-3% apart from run to run where neither had the edge (H200 build, 2026-12-06)
+FAST_ACCUM_MARGIN = 0.02
 
 # (rows, N, K) -> (ms with fp32 promotion, ms with fast accumulation)
 TimeFn = Callable[[int, int, int], tuple[float, float]]
@@ -41,16 +47,23 @@ def timed_rows(build: BuildConfig, site: str) -> list[int]:
     return sorted({r for r in rows if FAST_ACCUM_TIMED_FROM <= r <= top})
 
 
-def min_rows_from(times: dict[int, tuple[float, float]]) -> int | None:
-    """The smallest timed row count from which fast accumulation was faster at every timed
-    count (promoted ms, fast ms); None when it was not faster at the largest."""
-    floor = None
-    for rows in sorted(times, reverse=True):
+def fast_rows_from(times: dict[int, tuple[float, float]]) -> str | None:
+    """The rows where fast accumulation runs, from each timed size's (promoted ms, fast ms):
+    a size where it was faster by FAST_ACCUM_MARGIN stands for the rows above the next smaller
+    timed size up to itself (the smallest for itself alone); adjacent ranges are merged.
+    "lo-hi,lo-hi" (`cuda_fp8.fast_accum_ranges`), or None where it never won."""
+    ranges: list[list[int]] = []
+    prev = None
+    for rows in sorted(times):
         promoted, fast = times[rows]
-        if not fast < promoted:
-            break
-        floor = rows
-    return floor
+        lo = rows if prev is None else prev + 1
+        if fast < promoted * (1 - FAST_ACCUM_MARGIN):
+            if ranges and ranges[-1][1] == lo - 1:
+                ranges[-1][1] = rows
+            else:
+                ranges.append([lo, rows])
+        prev = rows
+    return ",".join(f"{a}-{b}" for a, b in ranges) or None
 
 
 def site_of(choice: PluginChoice) -> str | None:
@@ -67,7 +80,7 @@ def with_fp8_fast_accum(
     """The FP8 GEMM plugins' tactics with fast accumulation where it won (every such choice
     names a tactic: these plugins have GPU candidates, and the flag needs a GPU target).
     time_fn (a build on the target GPU, with model and build): each GEMM's shape is timed at
-    `timed_rows` and its choice records `fast_accum_min_rows` and the timings
+    `timed_rows` and its choice records `fast_accum_rows` (`fast_rows_from`) and the timings
     (`promoted@rowsR`, `fast_accum@rowsR`), or no fast accumulation where it never won;
     without it, `fast_accum` alone (the plugin's fixed floor)."""
     from ingot.compiler.tactic_select import gemm_sites
@@ -95,18 +108,20 @@ def with_fp8_fast_accum(
             for r, (promoted, fast) in times.items():
                 timings[f"promoted@rows{r}"] = round(promoted, 5)
                 timings[f"fast_accum@rows{r}"] = round(fast, 5)
-            floor = min_rows_from(times)
-            if floor is None:
+            where = fast_rows_from(times)
+            if where is None:
                 params.pop("fast_accum")
             else:
-                params["fast_accum_min_rows"] = floor
+                params["fast_accum_rows"] = where
         out.append(dataclasses.replace(c, params=params, timings_ms=timings or None))
     return out
 
 
-def gpu_time_fn(repeats: int = 30) -> TimeFn:
+def gpu_time_fn(repeats: int = 30, rounds: int = 2) -> TimeFn:
     """Both modes of cuBLASLt's FP8 GEMM on this GPU, x already quantized as the engine's
-    norm and SwiGLU kernels hand it over; each checked against the plain-torch op first."""
+    norm and SwiGLU kernels hand it over (checked against the plain-torch op first): the mean
+    of `rounds` timings, each round in the other order (a mode timed second ran slower in
+    some sizes than the same mode timed first)."""
     import torch
 
     from ingot.plugins import get_spec
@@ -115,8 +130,7 @@ def gpu_time_fn(repeats: int = 30) -> TimeFn:
     from ingot.plugins.tactics import time_tactics
 
     promoted = cuda_fp8.FP8_GEMM_TACTICS[0]  # a cuBLASLt tactic: no GEMV rows
-    fast = cuda_fp8.fast_accum_tactic(Tactic(promoted.name + "_fast", promoted.params), 1)
-
+    fast = cuda_fp8.fast_accum_tactic(Tactic(promoted.name + "_fast", promoted.params), "1-")
     reference = import_attr(get_spec("fp8_gemm").impls["cpu"])(None)
 
     def time_fn(rows: int, n: int, k: int) -> tuple[float, float]:
@@ -127,10 +141,15 @@ def gpu_time_fn(repeats: int = 30) -> TimeFn:
             scales = [torch.tensor(s, device="cuda") for s in (0.01, 0.02)]
             return (x, w, *scales, None), {"out_dtype": torch.bfloat16}
 
-        res = dict(time_tactics("fp8_gemm", (promoted, fast), inputs, repeats,
-                                cuda_fp8.make_fp8_linear, reference=reference,
-                                tolerance=5e-2))  # fmt: skip
+        total = {promoted: 0.0, fast: 0.0}
+        for i in range(rounds):
+            order = (promoted, fast) if i % 2 == 0 else (fast, promoted)
+            check = dict(reference=reference, tolerance=5e-2) if i == 0 else {}
+            res = time_tactics("fp8_gemm", order, inputs, repeats, cuda_fp8.make_fp8_linear,
+                               **check)  # fmt: skip
+            for t, ms in res:
+                total[t] += ms / rounds
         torch.cuda.empty_cache()
-        return res[promoted], res[fast]
+        return total[promoted], total[fast]
 
     return time_fn

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from model_shapes import LLAMA_3_1_8B
 
-from ingot.compiler.fast_accum import min_rows_from, timed_rows, with_fp8_fast_accum
+from ingot.compiler.fast_accum import fast_rows_from, timed_rows, with_fp8_fast_accum
 from ingot.runtime.config import BuildConfig
 from ingot.runtime.engine import PluginChoice
 
@@ -26,20 +26,24 @@ def test_timed_rows_are_the_decode_buckets_and_prefill_chunks():
 
 
 @pytest.mark.parametrize(
-    ("fast_wins", "floor"),
+    ("fast_wins", "where"),
     [
-        ({128, 448, 512, 8192}, 128),
-        ({128, 512, 8192}, 512),  # the H100's gate_up: slower at 448 rows (2026-12-06)
-        ({8192}, 8192),
-        ({128, 448, 512}, None),  # slower at the largest: never
+        ({128, 448, 512, 8192}, "128-8192"),
+        ({128, 512, 8192}, "128-128,449-8192"),  # the H100's gate_up: slower at 448 rows
+        ({448, 8192}, "129-448,513-8192"),
+        ({8192}, "513-8192"),
+        ({128, 448, 512}, "128-512"),
         (set(), None),
     ],
 )
-def test_min_rows_is_where_fast_accumulation_wins_at_every_larger_size(fast_wins, floor):
+def test_fast_rows_are_those_each_winning_size_stands_for(fast_wins, where):
+    """Each timed size stands for the rows above the next smaller one up to itself; fast
+    accumulation runs there when it was faster by the margin, and not on a tie or within it."""
     times = {r: (1.0, 0.9 if r in fast_wins else 1.1) for r in (128, 448, 512, 8192)}
-    assert min_rows_from(times) == floor
-    times = {r: (1.0, 1.0) for r in times}  # a tie is no win
-    assert min_rows_from(times) is None
+    assert fast_rows_from(times) == where
+    assert fast_rows_from({r: (1.0, 1.0) for r in times}) is None
+    assert fast_rows_from({r: (1.0, 0.985) for r in times}) is None  # within the 2% margin
+    assert fast_rows_from({r: (1.0, 0.97) for r in times}) == "128-8192"
 
 
 def _choices() -> list[PluginChoice]:
@@ -57,9 +61,9 @@ def _choices() -> list[PluginChoice]:
 
 
 def test_each_gemm_records_its_timed_floor_and_the_timings():
-    """gate_up loses at 448 rows (floor 512), the down projection wins everywhere (16), the
-    o projection never wins at 8,192 (no fast accumulation); the fused plugins take the floor
-    of the shape they run; each shape is timed once."""
+    """gate_up loses at 448 rows, the down projection wins everywhere, the o projection
+    never wins (no fast accumulation); the fused plugins take the rows of the shape they run;
+    each shape is timed once at each size."""
     n_of = {site: n for site, (n, _, _) in _sites().items()}
     calls = []
 
@@ -68,19 +72,19 @@ def test_each_gemm_records_its_timed_floor_and_the_timings():
         if n == n_of["mlp.gate_up"]:
             return (1.0, 1.3 if rows == 448 else 0.9)
         if n == n_of["attn.o"] and k == LLAMA_3_1_8B.q_size:
-            return (1.0, 1.2 if rows == 8192 else 0.9)
+            return (1.0, 1.2)
         return (1.0, 0.95)
 
     out = with_fp8_fast_accum(_choices(), LLAMA_3_1_8B, BUILD, time_fn)
     by = {(c.name, c.site): c for c in out}
-    floor = {k: (c.params or {}).get("fast_accum_min_rows") for k, c in by.items()}
+    where = {k: (c.params or {}).get("fast_accum_rows") for k, c in by.items()}
     fast = {k: bool((c.params or {}).get("fast_accum")) for k, c in by.items()}
-    assert floor[("fp8_gemm", "mlp.gate_up")] == 512
-    assert floor[("fp8_gemm", "mlp.down")] == floor[("fp8_swiglu_gemm", None)] == 16
-    assert floor[("fp8_gemm", "attn.qkv")] == floor[("fp8_qkv_rope_gemm", None)] == 16
+    assert where[("fp8_gemm", "mlp.gate_up")] == "16-384,449-8192"
+    assert where[("fp8_gemm", "mlp.down")] == where[("fp8_swiglu_gemm", None)] == "16-8192"
+    assert where[("fp8_gemm", "attn.qkv")] == where[("fp8_qkv_rope_gemm", None)] == "16-8192"
     assert not fast[("fp8_gemm", "attn.o")] and not fast[("rms_norm_quant_fp8", None)]
     # the site-less fp8_gemm choice: no shape to time, so the plugin's fixed floor
-    assert fast[("fp8_gemm", None)] and floor[("fp8_gemm", None)] is None
+    assert fast[("fp8_gemm", None)] and where[("fp8_gemm", None)] is None
     gate_up = by[("fp8_gemm", "mlp.gate_up")]
     assert gate_up.timings_ms["gemv"] == 0.02  # the decode tactic's timing is kept
     assert gate_up.timings_ms["fast_accum@rows448"] == 1.3

@@ -92,7 +92,7 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
 def _check_fast_accum(choice, fast: bool, build) -> None:
     """Off unless asked for; asked for, a GEMM of a known shape was timed in both modes at
     each of the engine's row counts, and runs fast accumulation from the rows where it won."""
-    from ingot.compiler.fast_accum import min_rows_from, site_of, timed_rows
+    from ingot.compiler.fast_accum import fast_rows_from, site_of, timed_rows
 
     params, timings = choice.params or {}, choice.timings_ms or {}
     site = site_of(choice)
@@ -101,9 +101,9 @@ def _check_fast_accum(choice, fast: bool, build) -> None:
         return
     rows = timed_rows(build, site)
     times = {r: (timings[f"promoted@rows{r}"], timings[f"fast_accum@rows{r}"]) for r in rows}
-    floor = min_rows_from(times)
-    assert rows and params.get("fast_accum_min_rows") == floor, choice
-    assert bool(params.get("fast_accum")) == (floor is not None), choice
+    where = fast_rows_from(times)
+    assert rows and params.get("fast_accum_rows") == where, choice
+    assert bool(params.get("fast_accum")) == (where is not None), choice
 
 
 def _with_pdl(engine_dir):

@@ -65,12 +65,12 @@ def test_fp8_gemm_matches_scaled_mm_and_dequantized_matmul(dtype):
 
 
 @pytest.mark.parametrize("fast", [0, 1])
-@pytest.mark.parametrize("floor", [None, 448])
-@pytest.mark.parametrize("rows", [64, 447, 448, 511, 512, 8192])
-def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, floor, rows):
+@pytest.mark.parametrize("where", [None, "129-448,1025-2048,8192-"])
+@pytest.mark.parametrize("rows", [64, 128, 129, 448, 449, 511, 512, 1024, 1025, 2049, 8192])
+def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, where, rows):
     """A tactic's fast_accum (build-engine --fp8-fast-accum) reaches `torch._scaled_mm` on the
-    cuBLASLt path from the tactic's fast_accum_min_rows on (a build on the GPU times it),
-    else from FAST_ACCUM_MIN_ROWS (meta tensors: the call is recorded)."""
+    cuBLASLt path for the rows of its fast_accum_rows (a build on the GPU times them), else from
+    FAST_ACCUM_MIN_ROWS on (meta tensors: the call is recorded)."""
     pytest.importorskip("triton")
     from ingot.plugins.quant import cuda_fp8
 
@@ -82,13 +82,16 @@ def test_fp8_gemm_hands_fast_accumulation_to_cublaslt(monkeypatch, fast, floor, 
 
     monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
-    fn = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t, floor) if fast else t)
+    fn = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t, where) if fast else t)
     xq = torch.empty(rows, 256, dtype=torch.float8_e4m3fn, device="meta")
     w = torch.empty(96, 256, dtype=torch.float8_e4m3fn, device="meta")
     one = torch.ones((), device="meta")
     y = fn(xq, w, one, one, out_dtype=torch.bfloat16)
-    expected = bool(fast) and rows >= (floor or 512) and cuda_fp8.FAST_ACCUM_MIN_ROWS == 512
-    assert y.shape == (rows, 96) and [c["use_fast_accum"] for c in calls] == [expected]
+    if where is None:
+        on = rows >= 512 and cuda_fp8.FAST_ACCUM_MIN_ROWS == 512
+    else:
+        on = 129 <= rows <= 448 or 1025 <= rows <= 2048 or rows >= 8192
+    assert y.shape == (rows, 96) and [c["use_fast_accum"] for c in calls] == [bool(fast) and on]
 
 
 def test_fp8_saturates_instead_of_overflowing():

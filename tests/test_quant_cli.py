@@ -159,7 +159,7 @@ def test_fp8_fast_accum_is_set_on_every_fp8_gemm_plugin(ckpts, tmp_path, key):
     present = {p["name"] for p in d["plugins"]} & set(FP8_CUBLASLT_PLUGINS)
     assert fast == present and "fp8_gemm" in fast
     assert all(p["tactic"] for p in d["plugins"] if p["name"] in fast)  # defaults named
-    assert not any("fast_accum_min_rows" in (p["params"] or {}) for p in d["plugins"])
+    assert not any("fast_accum_rows" in (p["params"] or {}) for p in d["plugins"])
     r = invoke("inspect-engine", "--engine-dir", out)
     assert r.exit_code == 0 and "FP8 GEMMs with fast accumulation" in r.output
 

@@ -11,8 +11,8 @@ products accumulated in fp32, scaled by input_scale * weight_scale, bias added, 
 output dtype. The engine's weight [N, K] row-major is the column-major B `_scaled_mm` wants.
 A tactic with `fast_accum` (engines built with --fp8-fast-accum) lets cuBLASLt accumulate in
 the tensor cores alone, without promoting partial sums to full fp32 every few K steps
-(cuBLASLt's fast-accumulation mode), for x of at least `fast_accum_min_rows` rows (timed per
-GEMM by a build on the GPU, `compiler/fast_accum.py`; FAST_ACCUM_MIN_ROWS in a cross-built
+(cuBLASLt's fast-accumulation mode), for x of the rows in `fast_accum_rows` (timed per GEMM
+by a build on the GPU, `compiler/fast_accum.py`; from FAST_ACCUM_MIN_ROWS in a cross-built
 engine): faster there, less exact over long K.
 
 cuBLASLt's FP8 GEMM needs SM >= 89, K and N multiples of 16 and 16-byte aligned operands;
@@ -47,15 +47,25 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
 # NOTE: H100, Llama-3.1-8B layer GEMMs (scripts/bench_batch_decode.py --gemms-only, two runs):
 # fast accumulation took 10% off at 8,192 rows and 6.4% at 512, ~2% at 128, but cuBLASLt's
 # fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us). A build on the
-# GPU times it per GEMM instead (`fast_accum_min_rows`); this is a cross-built engine's floor.
+# GPU times it per GEMM instead (`fast_accum_rows`); this is a cross-built engine's floor.
 FAST_ACCUM_MIN_ROWS = 512
 
 
-def fast_accum_tactic(t: Tactic, min_rows: int | None = None) -> Tactic:
-    """`t` with fast accumulation on (what build-engine --fp8-fast-accum records), from
-    `min_rows` rows (None: FAST_ACCUM_MIN_ROWS)."""
-    floor = () if min_rows is None else (("fast_accum_min_rows", min_rows),)
-    return Tactic(t.name, t.params + (("fast_accum", 1),) + floor)
+def fast_accum_tactic(t: Tactic, rows: str | None = None) -> Tactic:
+    """`t` with fast accumulation on (what build-engine --fp8-fast-accum records), on `rows`
+    ("lo-hi" ranges, comma-separated; "lo-" open-ended; None: from FAST_ACCUM_MIN_ROWS)."""
+    where = () if rows is None else (("fast_accum_rows", rows),)
+    return Tactic(t.name, t.params + (("fast_accum", 1),) + where)
+
+
+def fast_accum_ranges(rows: str) -> list[tuple[int, int | None]]:
+    """ "512-1024,4097-" -> [(512, 1024), (4097, None)]: the row ranges of a tactic's
+    `fast_accum_rows`, inclusive (None: no upper bound)."""
+    out = []
+    for part in rows.split(","):
+        lo, _, hi = part.partition("-")
+        out.append((int(lo), int(hi) if hi else None))
+    return out
 
 
 # fp8_gemm's candidates, first its cross-build default: the GEMV fastest at every Llama-8B
@@ -85,8 +95,13 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 def make_fp8_linear(tactic: Tactic | None = None):
     params = tactic.as_dict() if tactic is not None else {}
     max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
-    fast_from = int(params.get("fast_accum_min_rows", FAST_ACCUM_MIN_ROWS))
-    fast_from = fast_from if params.get("fast_accum", 0) else None  # None: fp32 promotion
+    fast = params.get("fast_accum", 0)
+    fast_rows = fast_accum_ranges(params.get("fast_accum_rows", f"{FAST_ACCUM_MIN_ROWS}-"))
+    fast_rows = fast_rows if fast else []  # none: fp32 promotion everywhere
+
+    def fast_at(rows: int) -> bool:
+        return any(a <= rows and (b is None or rows <= b) for a, b in fast_rows)
+
     qtactic = None if max_m else (tactic or FP8_GEMM_TACTICS[0])
 
     def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -131,7 +146,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
             scale_b=weight_scale,
             bias=bias if fused_bias else None,
             out_dtype=torch.float32 if bias is not None and not fused_bias else out_dtype,
-            use_fast_accum=fast_from is not None and xq.shape[0] >= fast_from,
+            use_fast_accum=fast_at(xq.shape[0]),
         )
         if bias is not None and not fused_bias:
             y = (y + bias.float()).to(out_dtype)
