@@ -41,7 +41,8 @@ def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int
     const = {"HD": HD, "BS": BS, "V_T": fp8, "SPLIT": True, "USE_WINDOW": False, "IEEE": False,
              "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
              "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
-             "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min}  # fmt: skip
+             "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min,
+             "QSL_ROWS": False}  # fmt: skip
     if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
         ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
     if new_v:
