@@ -32,7 +32,9 @@ _STRIDES = ("sqt", "sqh", "sot", "soh", "s_blk", "s_tok", "s_h", "s_bt", "snt", 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int) -> ASTSource:
+def _source(
+    fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int, qsl_rows: bool = False
+) -> ASTSource:
     fn = dec._decode_kernel
     cache = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "bt_ptr": "*i32",
@@ -42,11 +44,13 @@ def _source(fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int
              "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
              "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
              "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min,
-             "QSL_ROWS": False}  # fmt: skip
+             "QSL_ROWS": qsl_rows}  # fmt: skip
     if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
         ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
     if new_v:
         ptrs["nv_ptr"] = "*bf16"
+    if qsl_rows:  # a graph of a step with prompts: its decodes found from the query offsets
+        ptrs["qsl_ptr"] = "*i32"
     sig = {}
     for a in fn.arg_names:
         if a in const:
@@ -76,25 +80,31 @@ def resources(cubin: bytes) -> dict:
     return out
 
 
-def report(tactics=TACTICS, caches=("bf16", "fp8"), new_v=(False, True)) -> list[dict]:
+def report(
+    tactics=TACTICS, caches=("bf16", "fp8"), new_v=(False, True), qsl_rows=(False,)
+) -> list[dict]:
+    """qsl_rows=(False, True) also compiles each decode kernel as the prefill graphs of several
+    sequences launch it (QSL_ROWS, without new_v)."""
     rows = []
+    combos = [(nv, False) for nv in new_v] + [(False, True) for q in qsl_rows if q]
     for tactic in tactics:
         p = tactic.as_dict()
         warps, stages = int(p["num_warps"]), int(p["num_stages"])
         for cache in caches:
-            for nv in new_v:
+            for nv, qr in combos:
                 block_n = min(int(p["block_n"]), int(p["partition"]))
                 src = _source(cache == "fp8", nv, block_n, warps,
-                              dec.split_min_keys(p, block_n))  # fmt: skip
+                              dec.split_min_keys(p, block_n), qr)  # fmt: skip
                 k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                    options={"num_warps": warps, "num_stages": stages})  # fmt: skip
-                row = {"tactic": tactic.name, "cache": cache, "new_v": nv,
+                row = {"tactic": tactic.name, "cache": cache, "new_v": nv, "qsl_rows": qr,
                        "shared_bytes": k.metadata.shared, **resources(k.asm["cubin"])}  # fmt: skip
                 # programs per SM the registers allow (allocated per warp in units of 256)
                 per_warp = -(-row["reg"] * 32 // 256) * 256
                 row["programs_per_sm_by_registers"] = 65536 // (per_warp * warps)
                 rows.append(row)
-                print(f"{tactic.name:24s} {cache:5s} new_v={nv!s:5s} regs {row['reg']:3d} "
+                print(f"{tactic.name:24s} {cache:5s} new_v={nv!s:5s} qsl={qr!s:5s} "
+                      f"regs {row['reg']:3d} "
                       f"stack {row['stack']:4d} smem {row['shared_bytes']:6d} "
                       f"sass {row['instructions']:5d} -> {row['programs_per_sm_by_registers']} "
                       "programs/SM")  # fmt: skip
@@ -112,7 +122,7 @@ def cli(doc: str, make_rows) -> None:
 
 
 def main() -> None:
-    cli(__doc__, report)
+    cli(__doc__, lambda: report(qsl_rows=(False, True)))
 
 
 if __name__ == "__main__":
