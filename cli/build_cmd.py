@@ -73,8 +73,8 @@ def build_engine_cmd(
         help="FP8 engines (and FP8 lm_heads): let cuBLASLt's FP8 GEMMs (prefill chunks, "
         "large decode batches) accumulate in the tensor cores alone, without promoting partial "
         "sums to full fp32 every few K steps: ~6-10% faster GEMMs on an H100, but slower at "
-        "some sizes, so a build on the target GPU times both modes per GEMM and uses it from "
-        "the rows where it wins (a cross-build: from 512 rows). Less exact over long inner "
+        "some sizes, so a build on the target GPU times both modes per GEMM and uses it on "
+        "the row counts where it wins (a cross-build: from 512 rows). Less exact over long inner "
         "dimensions; the checkpoint's accuracy report is measured without it. GPU targets. "
         "[preset, else off]",
     ),

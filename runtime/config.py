@@ -167,8 +167,9 @@ class BuildConfig:
     # GEMV before a norm adds into the residual stream, the one after normalizes as it loads
     # x; no norm kernels between them. Off unless asked for (not yet timed on a GPU).
     fused_norms: bool = False
-    # FP8 GEMMs of 512+ rows (cuBLASLt) accumulate in the tensor cores alone, without
-    # promoting partial sums to full fp32 (plugins/quant/cuda_fp8.py): faster
+    # FP8 GEMMs (cuBLASLt) accumulate in the tensor cores alone, without promoting partial
+    # sums to full fp32 (plugins/quant/cuda_fp8.py), on the rows a build on the GPU timed it
+    # faster (compiler/fast_accum.py; a cross-build: from 512 rows): faster
     # prefill and large-batch steps, less exact over long K; the accuracy report (made at
     # convert time on the reference path) does not see it. Off unless asked for.
     fp8_fast_accum: bool = False

@@ -95,9 +95,12 @@ def _scaled_mm_ok(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype
 def make_fp8_linear(tactic: Tactic | None = None):
     params = tactic.as_dict() if tactic is not None else {}
     max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
-    fast = params.get("fast_accum", 0)
-    fast_rows = fast_accum_ranges(params.get("fast_accum_rows", f"{FAST_ACCUM_MIN_ROWS}-"))
-    fast_rows = fast_rows if fast else []  # none: fp32 promotion everywhere
+    # no ranges: fp32 promotion everywhere
+    fast_rows = (
+        fast_accum_ranges(params.get("fast_accum_rows", f"{FAST_ACCUM_MIN_ROWS}-"))
+        if params.get("fast_accum")
+        else []
+    )
 
     def fast_at(rows: int) -> bool:
         return any(a <= rows and (b is None or rows <= b) for a, b in fast_rows)
