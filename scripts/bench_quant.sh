@@ -17,8 +17,11 @@
 # 2048x2048", input x output; the longest last, so a call cut short keeps the others);
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
 # (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
-# the batch-1 decode; SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
+# the batch-1 decode (OUT_DIR/profile_<mode>_<point>.json: one folder down, so they come back
+# from the device); SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
 # batch sizes; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
+# TPUT_AB_ENV (e.g. "INGOT_OVERLAP_DECODES=1") each throughput point again under those
+# environment variables (tput_<point>_ab_* in the summary);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
 # build-engine flags for every mode (e.g. "--pdl --fused-norms").
 set -euo pipefail
@@ -119,7 +122,7 @@ PY
   fi
   if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
-      --num-requests 1 --out "$out/$mode/profile_b1.json"
+      --num-requests 1 --out "$out/profile_${mode}_b1.json"
   fi
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
     for shape in ${TPUT_SHAPES:-128x128 2048x128 2048x2048}; do
@@ -127,6 +130,12 @@ PY
       n=$(( i >= 2048 ? (o >= 2048 ? requests_long : requests_2048) : requests_128 ))
       ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
         --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
+      if [[ -n "${TPUT_AB_ENV:-}" ]]; then  # the same point under those variables (an A/B)
+        # shellcheck disable=SC2086  # VAR=value words on purpose
+        env $TPUT_AB_ENV ingot bench --engine-dir "$work/engine-$mode" throughput \
+          --input-len "$i" --output-len "$o" --num-requests "$n" --force \
+          --output-dir "$out/$mode/tput_${i}_${o}_ab"
+      fi
       if [[ -n "${COMPARE_PIPELINE:-}" && "$shape" == "128x128" ]]; then
         ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
           --output-len "$o" --num-requests "$n" --no-pipeline --force \
@@ -134,7 +143,7 @@ PY
       fi
       if [[ " ${PROFILE_SHAPES:-} " == *" $shape "* ]]; then
         python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" \
-          --output-len "$o" --num-requests "$n" --out "$out/$mode/profile_${i}_${o}.json"
+          --output-len "$o" --num-requests "$n" --out "$out/profile_${mode}_${i}_${o}.json"
       fi
     done
   fi
@@ -142,11 +151,13 @@ PY
 done
 python3 - "$out" <<'PY'
 import json
+import os
 import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines())}
+summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines()),
+           "tput_ab_env": os.environ.get("TPUT_AB_ENV")}
 for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq",
              "int4_awq_lm_head"):
     if not (out / mode / "latency.json").is_file():
@@ -182,5 +193,5 @@ for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq
     summary[mode] = row
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
-                  for m, r in summary.items() if m != "seconds"}, indent=2))
+                  for m, r in summary.items() if m not in ("seconds", "tput_ab_env")}, indent=2))
 PY
