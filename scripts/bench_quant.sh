@@ -179,6 +179,8 @@ for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq
             # where the run's time went: decode-only / prefill-only / mixed steps
             row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
             row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
+            # the caching allocator's device-wide waits (retries) and cudaMalloc/cudaFree calls
+            row[p.parent.name + tag + "_allocator"] = res.get("allocator")
     sweep = out / f"{mode}_sweep" / "throughput.json"
     if sweep.is_file():  # SWEEP_BATCHES: 128/128 at each batch size
         row["sweep"] = {

@@ -98,6 +98,7 @@ def _check_figures(m: dict, point: dict, system: str) -> None:
         assert 0 < kv["peak_used_blocks"] <= kv["num_blocks"]
         assert 0 <= kv["mean_utilization"] <= kv["peak_utilization"] <= 1
         assert set(m["prefix_cache"]) >= {"hit_blocks", "miss_blocks", "hit_rate"}
+        assert m["allocator"] is None  # a CPU run: no caching allocator to count
         mix = m["step_mix"]
         # every step is of one kind: the kinds' steps add up to the run's, and every prompt
         # and decode token not found in the prefix cache was computed in one of them
@@ -304,3 +305,12 @@ def test_hf_model_rebuilt_from_engine_matches_source(family, kw, tiny_hf_dir, tm
     )
     with torch.no_grad():
         assert torch.equal(rebuilt(ids).logits, source(ids).logits)
+
+
+def test_allocator_delta_counts_what_grew_during_a_run():
+    from ingot.cli.bench.metrics import ALLOCATOR_COUNTERS, allocator_delta
+
+    before = dict.fromkeys(ALLOCATOR_COUNTERS, 3)
+    after = {k: 3 + i for i, k in enumerate(ALLOCATOR_COUNTERS)}
+    assert allocator_delta(before, after) == {k: i for i, k in enumerate(ALLOCATOR_COUNTERS)}
+    assert allocator_delta(None, after) is None and allocator_delta(before, None) is None

@@ -16,7 +16,15 @@ from ingot.runtime.errors import ConfigError
 from ingot.runtime.executor import Executor
 from ingot.runtime.types import Request, SamplingParams
 
-from .metrics import RunResult, StepMix, Trace, peak_memory, reset_peak_memory
+from .metrics import (
+    RunResult,
+    StepMix,
+    Trace,
+    allocator_counts,
+    allocator_delta,
+    peak_memory,
+    reset_peak_memory,
+)
 from .roofline import DecodeStep
 from .workload import Workload
 
@@ -81,6 +89,7 @@ class IngotDriver:
         used, util = [], []
         before = ex.scheduler.stats()
         reset_peak_memory(self.device)
+        alloc_before = allocator_counts(self.device)
         t0 = time.perf_counter()
 
         def on_token(req: Request, _tok: int) -> None:
@@ -146,5 +155,9 @@ class IngotDriver:
                 # NOTE: None when no full prompt block was looked up (e.g. one-block prompts).
                 "hit_rate": hit / (hit + miss) if hit + miss else None,
             },
-            extra={"steps": len(used), "step_mix": mix.to_dict()},
+            extra={
+                "steps": len(used),
+                "step_mix": mix.to_dict(),
+                "allocator": allocator_delta(alloc_before, allocator_counts(self.device)),
+            },
         )

@@ -128,6 +128,28 @@ def peak_memory(device: torch.device) -> dict:
     }
 
 
+# The caching allocator's slow paths during a run. A retry (an allocation that found no cached
+# block and no free device memory) frees every cached block through cudaFree, which waits for
+# the whole device, so a pipelined executor's next step stops overlapping the current one;
+# device allocs / frees count cudaMalloc / cudaFree calls.
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
+
+def allocator_counts(device: torch.device) -> dict[str, int] | None:
+    """The allocator's counters now (None off CUDA: no caching allocator to count)."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
+def allocator_delta(before: dict | None, after: dict | None) -> dict[str, int] | None:
+    """What the counters of `allocator_counts` grew by between two readings."""
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in ALLOCATOR_COUNTERS}
+
+
 def summarize(run: RunResult, roofline: Roofline) -> dict:
     """The figures of one run. Elapsed runs from the first arrival to the last token."""
     tr = run.traces
