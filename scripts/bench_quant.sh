@@ -20,7 +20,7 @@
 # the batch-1 decode (OUT_DIR/profile_<mode>_<point>.json: one folder down, so they come back
 # from the device); SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
 # batch sizes; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
-# TPUT_AB_ENV (e.g. "INGOT_OVERLAP_DECODES=1") each throughput point again under those
+# TPUT_AB_ENV ("NAME=value ...": a runtime switch to compare) each throughput point again under those
 # environment variables (tput_<point>_ab_* in the summary);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
 # build-engine flags for every mode (e.g. "--pdl --fused-norms").

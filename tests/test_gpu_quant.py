@@ -567,40 +567,6 @@ def test_fp8_decode_rows_v_stored_by_the_attention_kernel(decode, bs, transposed
 
 
 @needs_fp8
-@pytest.mark.parametrize("store_v", [False, True], ids=["", "new_v"])
-def test_mixed_step_decodes_beside_the_prefill_give_the_same_bits(store_v, monkeypatch):
-    """INGOT_OVERLAP_DECODES=1 (plugins/attention/overlap.py): a mixed step's decode kernel
-    runs first on a side stream beside the prefill kernel; the output (plain and FP8) and the
-    cache (decode rows storing their V) are the bits of the one-stream run, and the step's
-    stream waits for the side stream (read right after, with no sync in between)."""
-    from ingot.plugins.attention import overlap
-
-    torch.manual_seed(5)
-    new = [300, 1, 177, 64] + [1] * 200  # prompts (one a one-token chunk), then decodes
-    ctx = [300, 900, 500, 64] + torch.randint(1, 2000, (200,)).tolist()
-    fn = dec.make_paged_attention(None)
-    kc, vc, bt, cl, sc = _fp8_cache(ctx)
-    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
-    q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
-    nv = torch.randn(200, HKV, HD, device=DEV, dtype=BF16) if store_v else None
-    kw = dict(max_query_len=300, num_decodes=200, new_v=nv, **sc)
-    runs = {}
-    for on in ("0", "1"):
-        monkeypatch.setenv(overlap.ENV, on)
-        vc_run = vc.clone()
-        out = fn(q, kc, vc_run, bt, cl, qsl, HD**-0.5, **kw)
-        out8 = fn(q, kc, vc_run, bt, cl, qsl, HD**-0.5, out_scale=torch.tensor(0.05, device=DEV),
-                  **kw)  # fmt: skip
-        runs[on] = (out.clone(), out8.view(torch.uint8).clone(), vc_run.view(torch.uint8).clone())
-    assert DEV in {d.type for d in overlap._SIDE}  # the side stream ran
-    for a, b in zip(runs["0"], runs["1"], strict=True):
-        assert torch.equal(a, b)
-    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
-    if not store_v:  # (with new_v the decode rows attend to a V the reference lacks)
-        assert rel_err(runs["1"][0], ref) < FP8_TOL
-
-
-@needs_fp8
 def test_fp8_attention_queries_past_fp16_range():
     """With an FP8 cache the dots run in fp16 on q / 16: a bf16 query past fp16's 65504 must
     not overflow (unscaled, or scaled after the fp16 conversion, which LLVM once rewrote it

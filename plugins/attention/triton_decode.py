@@ -42,7 +42,6 @@ from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
 from .layout import SHORT_CONTEXT, check_kv_layout
-from .overlap import Beside, overlap_decodes
 from .reference import ANY_DECODES, check_new_v, decode_rows
 from .triton_prefill import (
     LOG2E,
@@ -772,16 +771,6 @@ def make_paged_attention(tactic: Tactic | None = None):
         nd = decode_rows(T, B, int(max_query_len), num_decodes)
         if new_v is not None:
             check_new_v(new_v, nd)
-
-        def decodes() -> None:
-            # NOTE: split as the decode graphs do (the table's width): the same binaries
-            launch_decode(
-                q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
-                table_len, out[T - nd :], decode_params(nd * hkv, table_len), k_scale, v_scale,
-                seq0=B - nd,
-                out_scale=out_scale, new_v=new_v,
-            )  # fmt: skip
-
         if num_decodes == ANY_DECODES and nd < B:
             # one-query sequences anywhere in the step (a captured graph): the decode kernel
             # takes them at their rows, the prefill kernel skips them
@@ -804,20 +793,20 @@ def make_paged_attention(tactic: Tactic | None = None):
             )  # fmt: skip
             return out
         # the prefill kernel gives each sequence whole BLOCK_M-query tiles: the trailing
-        # one-query rows of a mixed step go to the decode kernel instead (one launch each;
-        # first and on a side stream with INGOT_OVERLAP_DECODES=1, overlap.py)
-        beside = Beside(q, nd > 0 and overlap_decodes(q))
-        if beside.on:
-            with beside:
-                decodes()
+        # one-query rows of a mixed step go to the decode kernel instead (one launch each)
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
             pf_params, k_scale, v_scale, out_scale,
         )  # fmt: skip
-        if nd and not beside.on:
-            decodes()
-        beside.join()
+        if nd:
+            # NOTE: split as the decode graphs do (the table's width): the same binaries
+            launch_decode(
+                q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,
+                table_len, out[T - nd :], decode_params(nd * hkv, table_len), k_scale, v_scale,
+                seq0=B - nd,
+                out_scale=out_scale, new_v=new_v,
+            )  # fmt: skip
         return out
 
     return paged_attention
