@@ -18,7 +18,8 @@
 # REQUESTS_128 / REQUESTS_2048 / REQUESTS_LONG (2048/2048) set their size; PROFILE_SHAPES
 # (e.g. "128x128") also profiles those points (scripts/profile_throughput.py), PROFILE_B1=1
 # the batch-1 decode (OUT_DIR/profile_<mode>_<point>.json: one folder down, so they come back
-# from the device); SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
+# from the device); HOST_PROFILE_SHAPES the same points' host time by Python function
+# (profile_throughput.py --host, OUT_DIR/host_profile_<mode>_<point>.json); SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
 # batch sizes; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
 # TPUT_AB_ENV ("NAME=value ...": a runtime switch to compare) each throughput point again under those
 # environment variables (tput_<point>_ab_* in the summary);
@@ -140,6 +141,10 @@ PY
         ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
           --output-len "$o" --num-requests "$n" --no-pipeline --force \
           --output-dir "$out/$mode/no_pipeline/tput_${i}_${o}"
+      fi
+      if [[ " ${HOST_PROFILE_SHAPES:-} " == *" $shape "* ]]; then  # the host's side (cProfile)
+        python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" --host \
+          --output-len "$o" --num-requests "$n" --out "$out/host_profile_${mode}_${i}_${o}.json"
       fi
       if [[ " ${PROFILE_SHAPES:-} " == *" $shape "* ]]; then
         python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" \
