@@ -1,6 +1,8 @@
 """Prefill attention of one 2,048-token prompt (the TTFT-at-2,048 workload) on the engine's
 block size, every prefill tactic plus wider candidates, L2 flushed (`plugins.tactics`); and
-the batch-1 decode tactics at a 256-key context. µs and TFLOP/s per tactic, JSON. With
+the batch-1 decode tactics at a 256-key context; on an FP8 cache (V transposed, as FP8 pools
+store it) every prefill tactic with and without `fp8_queries` (Q.K on FP8 tensor cores). µs
+and TFLOP/s per tactic, JSON. With
 BLOCK_SIZES="32 64 128" in the environment, the same at each KV block size (key tiles that fit
 in one block read it whole: what larger blocks would buy the wide tiles).
 
@@ -9,14 +11,17 @@ in one block read it whole: what larger blocks would buy the wide tiles).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 
+import torch
 from bench_kernels import HD, HQ, bench_cli, fixed, paged
 
 from ingot.plugins.attention import triton_decode as dec
 from ingot.plugins.attention import triton_prefill as pf
+from ingot.plugins.attention.layout import to_v_layout
 from ingot.plugins.registry import Tactic
 from ingot.plugins.tactics import time_tactics
 
@@ -42,6 +47,7 @@ def main() -> None:
     for bs in [int(b) for b in os.environ.get("BLOCK_SIZES", str(BS)).split()]:
         key = "" if bs == BS else f"_bs{bs}"
         out["prefill_2048" + key], out["decode_b1_ctx256" + key] = at_block_size(bs, args.reps)
+        out["prefill_2048_fp8" + key] = fp8_prefill(bs, args.reps)
     args.out.write_text(json.dumps(out, indent=2))
 
 
@@ -70,6 +76,31 @@ def at_block_size(bs: int, reps: int) -> tuple[dict, dict]:
     for t, ms in res[:4]:
         print(f"bs {bs} decode b1 ctx256 {t.name:30s} {ms * 1e3:6.2f} us")
     return prefill, {t.name: round(ms * 1e3, 2) for t, ms in res}
+
+
+def fp8_prefill(bs: int, reps: int) -> dict:
+    """Prefill (2,048 tokens) on an FP8 cache: each tactic as engines run it (K and V converted
+    to fp16 for both dots) and with fp8_queries."""
+    scale, n, out = 1 / math.sqrt(HD), 2048, {}
+    q, kc, vc, bt, cl, qsl = paged([n], [n], bs=bs)
+    kc8 = (kc * 30).to(torch.float8_e4m3fn)
+    vc8 = to_v_layout((vc * 30).to(torch.float8_e4m3fn))
+    sc = {"k_scale": torch.tensor(1 / 30, device=q.device),
+          "v_scale": torch.tensor(1 / 30, device=q.device), "max_query_len": n}  # fmt: skip
+    flops = 4 * HD * HQ * n * (n + 1) / 2
+    for tag, f8q in (("", False), ("+fp8_queries", True)):
+        res = time_tactics(
+            "paged_attention", pf.PREFILL_TACTICS + EXTRA,
+            fixed((q, kc8, vc8, bt, cl, qsl, scale), sc), reps,
+            factory=lambda t, f8q=f8q: functools.partial(
+                pf.make_prefill_attention(t), fp8_queries=f8q),
+        )  # fmt: skip
+        for t, ms in res:
+            out[t.name + tag] = {"us": round(ms * 1e3, 1), "TFLOPs": flops / ms / 1e9}
+        for t, ms in res[:3]:
+            print(f"bs {bs} fp8 prefill 2048 {t.name + tag:34s} {ms * 1e3:8.1f} us "
+                  f"{flops / ms / 1e9:6.0f} TFLOP/s")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

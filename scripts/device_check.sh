@@ -12,9 +12,10 @@
 #   w4       W4A16 GEMV at batch 1, every decode tactic, the small- and mid-batch halves at
 #            8, 16 and 64 rows (bench_w4a16.json), and the W4A16
 #            GEMM path at 128 and 2,048 rows (bench_w4a16_prefill.json)                  ~2 min
-#   attn     prefill attention at 2,048 tokens, every tactic and wider ones; batch-1 decode
-#            attention at 256 keys (bench_prefill_attention.json; BLOCK_SIZES="32 64 128"
-#            repeats both at each KV block size)                                          ~1 min per size
+#   attn     prefill attention at 2,048 tokens, every tactic and wider ones (BF16 cache; FP8
+#            cache with and without fp8_queries); batch-1 decode attention at 256 keys
+#            (bench_prefill_attention.json; BLOCK_SIZES="32 64 128" repeats them at each KV
+#            block size)                                                                  ~2 min per size
 #   fp8gemv  the FP8 GEMM tactics at batch 1 (CUDA-core and tensor-core GEMVs, cuBLASLt) per
 #            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points (batch_decode.json) ~2 min
@@ -82,7 +83,7 @@ for stage in "${@:-tests}"; do
       kill $smi 2>/dev/null
       tail -45 "$OUT/bench_engine.log" ;;
     attn)
-      timeout $((150 * $(wc -w <<< "${BLOCK_SIZES:-32}"))) python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
+      timeout $((240 * $(wc -w <<< "${BLOCK_SIZES:-32}"))) python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
         > "$OUT/bench_prefill_attention.log" 2>&1 || rc=1
       tail -24 "$OUT/bench_prefill_attention.log" ;;
     fp8gemv)

@@ -512,6 +512,26 @@ def test_fp8_prefill(tactic, bs, transposed):
 
 
 @needs_fp8
+@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+def test_fp8_prefill_with_fp8_queries(tactic, bs):
+    """fp8_queries (Q.K on FP8 tensor cores, each query row rounded with its own scale): the
+    reference on the rounded queries within the FP8 tolerance, and nearer to it than to the
+    unrounded queries' (q scaled up so that the rounding shows in the output)."""
+    new, ctx = [300, 1, 77], [300, 40, 500]
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
+    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
+    q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16) * 3
+    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True, **sc)
+    plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    out = torch.full_like(q, float("nan"))
+    pf.make_prefill_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out,
+                                      fp8_queries=True, **sc)  # fmt: skip
+    assert rel_err(out, ref) < FP8_TOL
+    assert rel_err(out, ref) < 0.5 * rel_err(out, plain)
+
+
+@needs_fp8
 @pytest.mark.parametrize(
     "decode", [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2]], ids=lambda t: t.name
 )

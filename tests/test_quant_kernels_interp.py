@@ -878,6 +878,29 @@ else:
         ),
     ]
 
+    @pytest.mark.parametrize("kind", KV_KINDS[1:])
+    @pytest.mark.parametrize("params", [*SMALL_TILES, pf.PREFILL_TACTICS[0]], ids=lambda t: t.name)
+    def test_prefill_attention_with_fp8_queries(kind, params):
+        """fp8_queries: each query row rounded to FP8 with its own scale and Q.K run on the FP8
+        operands (K straight from the cache): the reference on the rounded queries
+        (fp8_query_rows), closer to it than the unrounded queries are; the rounding itself
+        equals the reference's bit for bit (an all-zero row included)."""
+        torch.manual_seed(18)
+        new, ctx = [7, 1, 20], [7, 30, 60]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind)
+        q = q * torch.logspace(-2, 2, q.shape[0])[:, None, None].half()  # rows of all sizes
+        q[3, 1] = 0.0
+        fn = pf.make_prefill_attention(params)
+        out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True, **scales)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True,
+                                       **scales)  # fmt: skip
+        plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
+        # (measured: 6.6e-4 against 6.6e-2: the rounding moves the output 100 times more than
+        # the kernel's summation order does)
+        assert rel_err(out, ref) < 5e-3 < rel_err(out, plain)
+        rows = attn_ref.fp8_query_rows(q)
+        assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
+
     @pytest.mark.parametrize("kind", KV_KINDS)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize("params", SMALL_TILES, ids=lambda t: t.name)

@@ -104,6 +104,16 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return blocks.reshape(n_blocks * bs, *cache.shape[2:])[:length]
 
 
+def fp8_query_rows(q: torch.Tensor) -> torch.Tensor:
+    """q [T, H, hd] with each row (one query of one head) rounded to float8_e4m3fn with its own
+    scale amax / 448 (1 for an all-zero row), back in q's dtype: the queries an FP8 Q.K dot
+    sees (triton_prefill.fp8_query), exactly: the kernel divides and rounds the same way."""
+    qf = q.float()
+    sq = qf.abs().amax(-1, keepdim=True) / FP8_MAX
+    sq = torch.where(sq > 0, sq, torch.ones_like(sq))
+    return (quantize_fp8(qf, sq).float() * sq).to(q.dtype)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -122,6 +132,7 @@ def paged_attention(
     num_decodes: int = 0,
     out_scale: torch.Tensor | None = None,
     new_v: torch.Tensor | None = None,
+    fp8_queries: bool = False,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -139,8 +150,18 @@ def paged_attention(
     cache; written first (at position ctx - 1, quantized as write_kv does). The GPU decode
     kernel stores it with the block's other tokens, in whole 32-byte sectors (an FP8 pool's
     transposed V takes one byte per row of 32: a scattered one-byte write costs far more).
+    fp8_queries: the queries rounded to FP8 per row first (fp8_query_rows; an FP8 cache).
     Returns [T, Hq, hd] in q.dtype (float8_e4m3fn with out_scale).
     """
+    if fp8_queries:
+        if k_scale is None:
+            raise ValueError("paged_attention: fp8_queries needs an FP8 KV cache")
+        return paged_attention(
+            fp8_query_rows(q), k_cache, v_cache, block_tables, context_lens, query_start_loc,
+            scale, sliding_window, max_query_len=max_query_len, max_context_len=max_context_len,
+            out=out, k_scale=k_scale, v_scale=v_scale, num_decodes=num_decodes,
+            out_scale=out_scale, new_v=new_v,
+        )  # fmt: skip
     if new_v is not None:
         if max_query_len is None:
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())

@@ -79,6 +79,18 @@ def fp16_query(q, scale_log2):
 
 
 @triton.jit
+def fp8_query(q, scale_log2):
+    """FP8_QK: each query row (a query of one head) rounded to float8_e4m3fn with its own scale
+    amax / 448 (the reference's `fp8_query_rows`), so that the Q.K dot runs on FP8 tensor cores
+    straight from the cache's FP8 K; the row's scale joins the softmax scale, which becomes one
+    per row ([BLOCK_M])."""
+    qf = q.to(tl.float32)
+    sq = tl.math.div_rn(tl.max(tl.abs(qf), axis=1), 448.0)
+    sq = tl.where(sq > 0.0, sq, 1.0)
+    return quant_fp8(qf, sq[:, None]), scale_log2 * sq
+
+
+@triton.jit
 def kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(base, rows): keys n0 .. n0 + BLOCK_N - 1 of kv head kvh sit at cache + base + rows[i]
     (n0 is a multiple of BLOCK_N). When a block holds a multiple of BLOCK_N tokens the tile
@@ -163,9 +175,11 @@ def _attend(
     IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
+    FP8_QK: tl.constexpr = False,
 ):
     """One BLOCK_N tile of keys into the online softmax. MASKED=False: every key of the tile
-    is visible to every query of the tile (below the causal diagonal, inside the context)."""
+    is visible to every query of the tile (below the causal diagonal, inside the context).
+    FP8_QK: q is FP8 (fp8_query) and scale_log2 one scale per row; P.V stays in fp16."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < hi
     base, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
@@ -192,7 +206,10 @@ def _attend(
     # inside the exponent's FMA: one instruction per score instead of a multiply and a subtract
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * scale_log2 - m_new[:, None])
+    if FP8_QK:
+        p = tl.exp2(s * scale_log2[:, None] - m_new[:, None])
+    else:
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = load_v(
         vc_ptr, base, off, kv_mask, bt_row, n0, hi, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N
@@ -201,6 +218,8 @@ def _attend(
     # second [BLOCK_M, D] fp32 tile and add)
     if IEEE:
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+    elif FP8_QK:
+        acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
     else:
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
     return acc, m_new, l_i
@@ -252,12 +271,14 @@ def _prefill_kernel(
     PACK: tl.constexpr = 1,
     QUANT_OUT: tl.constexpr = False,
     SKIP_SINGLE: tl.constexpr = False,
+    FP8_QK: tl.constexpr = False,
 ):
     """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
     (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
     BLOCK_M // G queries of the tile for each of the G q heads sharing that kv head, so every
     K/V tile is loaded once for the group instead of once per head. SKIP_SINGLE: sequences of
-    one query are left alone (the decode kernel takes them: ANY_DECODES)."""
+    one query are left alone (the decode kernel takes them: ANY_DECODES). FP8_QK (an FP8
+    cache): queries rounded to FP8 per row, Q.K on FP8 tensor cores (fp8_query)."""
     pdl_begin(PDL)
     QM: tl.constexpr = BLOCK_M // PACK  # queries per tile
     # NOTE: the last query tiles (the most keys under causal masking) start first.
@@ -294,10 +315,15 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        # NOTE: a new name: with FP8_QK the scale becomes a [BLOCK_M] tensor inside this
+        # runtime branch, which the argument's scalar type cannot carry out of it
+        sc = scale_log2
         if KV_FP8:  # q . (k * ks) == (q . k) * ks: the K scale joins the softmax scale
-            scale_log2 = scale_log2 * tl.load(ks_ptr)
-            if not IEEE:
-                q, scale_log2 = fp16_query(q, scale_log2)
+            sc = sc * tl.load(ks_ptr)
+            if FP8_QK:
+                q, sc = fp8_query(q, sc)
+            elif not IEEE:
+                q, sc = fp16_query(q, sc)
         lo = 0
         if USE_WINDOW:
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
@@ -307,15 +333,15 @@ def _prefill_kernel(
             for n0 in range(0, full, BLOCK_N):
                 acc, m_i, l_i = _attend(
                     q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
-                    kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD,
+                    kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
+                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
                 )  # fmt: skip
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
-                kvh, d, dm, scale_log2, window, BS, s_blk, s_tok, s_h,
-                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD,
+                kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
+                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
             )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v
             acc = acc * tl.load(vs_ptr)
@@ -344,12 +370,14 @@ def launch_prefill(
     v_scale=None,
     out_scale=None,
     skip_single=False,
+    fp8_queries=False,
 ) -> None:
     """Launch the prefill kernel. `window` <= 0 means no sliding window; `max_query_len` sizes
     the grid (an upper bound is fine). k_scale / v_scale: an FP8 KV cache's scales (float32 [])
     or None (then the kernel is the plain one). out_scale: out is float8_e4m3fn, the output
     quantized with it (float32 []). skip_single: sequences of one query are not attended (the
-    decode kernel's, ANY_DECODES)."""
+    decode kernel's, ANY_DECODES). fp8_queries (an FP8 cache only): every query rounded to FP8
+    with its row's scale (reference.fp8_query_rows) and Q.K run in FP8."""
     T, hq, hd = q.shape
     hkv = k_cache.shape[2]
     B = context_lens.shape[0]
@@ -361,6 +389,8 @@ def launch_prefill(
     pack = g if params.get("gqa") and g > 1 and g & (g - 1) == 0 and block_m % g == 0 else 1
     grid = (triton.cdiv(max_query_len, block_m // pack), hq // pack, B)
     fp8 = k_scale is not None and v_scale is not None
+    if fp8_queries and (not fp8 or q.dtype == torch.float32):
+        raise ValueError("paged_attention: fp8_queries needs an FP8 KV cache and 16-bit queries")
     v_t = check_kv_layout(k_cache, v_cache, "paged_attention")
     _prefill_kernel[grid](
         q,
@@ -398,6 +428,7 @@ def launch_prefill(
         PACK=pack,
         QUANT_OUT=out_scale is not None,
         SKIP_SINGLE=skip_single,
+        FP8_QK=fp8_queries,
         **launch_options(),
     )
 
@@ -420,6 +451,7 @@ def make_prefill_attention(tactic: Tactic | None = None):
         out: torch.Tensor | None = None,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        fp8_queries: bool = False,
     ) -> torch.Tensor:
         out = torch.empty_like(q) if out is None else out
         if max_query_len is None:
@@ -439,6 +471,7 @@ def make_prefill_attention(tactic: Tactic | None = None):
             params,
             k_scale,
             v_scale,
+            fp8_queries=fp8_queries,
         )
         return out
 
