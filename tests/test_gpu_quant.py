@@ -522,7 +522,8 @@ def test_fp8_prefill_with_fp8_queries(tactic, bs):
     kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
     qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
     q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16) * 3
-    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True, **sc)
+    rows = attn_ref.fp8_query_rows(q)
+    ref = attn_ref.paged_attention(rows, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
     plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
     out = torch.full_like(q, float("nan"))
     pf.make_prefill_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, out=out,

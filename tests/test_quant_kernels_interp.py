@@ -881,10 +881,10 @@ else:
     @pytest.mark.parametrize("kind", KV_KINDS[1:])
     @pytest.mark.parametrize("params", [*SMALL_TILES, pf.PREFILL_TACTICS[0]], ids=lambda t: t.name)
     def test_prefill_attention_with_fp8_queries(kind, params):
-        """fp8_queries: each query row rounded to FP8 with its own scale and Q.K run on the FP8
-        operands (K straight from the cache): the reference on the rounded queries
-        (fp8_query_rows), closer to it than the unrounded queries are; the rounding itself
-        equals the reference's bit for bit (an all-zero row included)."""
+        """fp8_queries: each query row the prefill kernel attends rounded to FP8 with its own
+        scale and Q.K run on the FP8 operands (K straight from the cache): the reference on the
+        rounded queries (fp8_query_rows), closer to it than the unrounded queries are; the
+        rounding keeps an all-zero row."""
         torch.manual_seed(18)
         new, ctx = [7, 1, 20], [7, 30, 60]
         q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind)
@@ -892,14 +892,43 @@ else:
         q[3, 1] = 0.0
         fn = pf.make_prefill_attention(params)
         out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True, **scales)
-        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True,
-                                       **scales)  # fmt: skip
+        rows = attn_ref.fp8_query_rows(q)
+        ref = attn_ref.paged_attention(rows, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
         plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **scales)
         # (measured: 6.6e-4 against 6.6e-2: the rounding moves the output 100 times more than
         # the kernel's summation order does)
         assert rel_err(out, ref) < 5e-3 < rel_err(out, plain)
-        rows = attn_ref.fp8_query_rows(q)
         assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
+
+    @pytest.mark.parametrize("kind", KV_KINDS[1:])
+    def test_paged_attention_fp8_queries_experiment_rounds_prompts_only(kind, monkeypatch):
+        """INGOT_FP8_QUERIES=1 (an A/B switch): paged_attention runs the prefill kernel with
+        fp8_queries over the sequences of more than one query and the decode kernel over the
+        one-query ones, wherever they sit (a one-token chunk mid-step, trailing decodes): the
+        reference's fp8_queries, which rounds those sequences' queries only; decode-only steps
+        are untouched, and without the variable nothing changes."""
+        torch.manual_seed(19)
+        fn = dec.make_paged_attention(None)
+        for new, ctx, nd in (([7, 1, 20], [7, 30, 60], 0), ([7, 20, 1, 1], [7, 60, 40, 9], 2)):
+            q, kc, vc, bt, cl, qsl, sc = _kv_batch(new, ctx, torch.float16, kind)
+            q = q * 4
+            kw = dict(max_query_len=max(new), num_decodes=nd, **sc)
+            ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True,
+                                           **sc)  # fmt: skip
+            plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+            monkeypatch.setenv(dec.FP8_QUERIES_ENV, "1")
+            out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw)
+            assert rel_err(out, ref) < 5e-3 < rel_err(out, plain), new
+            one = torch.tensor([i for i, n in enumerate(new) if n == 1])
+            rows = qsl[one].long()  # the one-query sequences' rows: not rounded
+            assert rel_err(out[rows], plain[rows]) < 5e-3
+            monkeypatch.delenv(dec.FP8_QUERIES_ENV)
+            assert rel_err(fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw), plain) < 5e-3
+        q, kc, vc, bt, cl, qsl, sc = _kv_batch([1, 1], [9, 40], torch.float16, kind)
+        monkeypatch.setenv(dec.FP8_QUERIES_ENV, "1")
+        out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=1, **sc)
+        plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+        assert rel_err(out, plain) < 5e-3
 
     @pytest.mark.parametrize("kind", KV_KINDS)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

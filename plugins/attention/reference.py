@@ -150,14 +150,19 @@ def paged_attention(
     cache; written first (at position ctx - 1, quantized as write_kv does). The GPU decode
     kernel stores it with the block's other tokens, in whole 32-byte sectors (an FP8 pool's
     transposed V takes one byte per row of 32: a scattered one-byte write costs far more).
-    fp8_queries: the queries rounded to FP8 per row first (fp8_query_rows; an FP8 cache).
+    fp8_queries: the queries of every sequence with more than one query in the step rounded to
+    FP8 per row first (fp8_query_rows; an FP8 cache): the rows the prefill kernel attends with
+    Q.K in FP8, one-query sequences being the decode kernel's.
     Returns [T, Hq, hd] in q.dtype (float8_e4m3fn with out_scale).
     """
     if fp8_queries:
         if k_scale is None:
             raise ValueError("paged_attention: fp8_queries needs an FP8 KV cache")
+        lens = query_start_loc[1:] - query_start_loc[:-1]
+        multi = torch.repeat_interleave(lens > 1, lens.long())[:, None, None]
         return paged_attention(
-            fp8_query_rows(q), k_cache, v_cache, block_tables, context_lens, query_start_loc,
+            torch.where(multi, fp8_query_rows(q), q), k_cache, v_cache, block_tables,
+            context_lens, query_start_loc,
             scale, sliding_window, max_query_len=max_query_len, max_context_len=max_context_len,
             out=out, k_scale=k_scale, v_scale=v_scale, num_decodes=num_decodes,
             out_scale=out_scale, new_v=new_v,

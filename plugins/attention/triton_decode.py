@@ -33,6 +33,7 @@ split instead of leaving most programs idle and a few walking long partitions (H
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -716,6 +717,14 @@ def make_decode_attention(tactic: Tactic | None = None):
     return decode_attention
 
 
+# EXPERIMENT, for A/Bs of the engines' speed (scripts/bench_quant.sh TPUT_AB_ENV), not an engine
+# option: with INGOT_FP8_QUERIES=1 an FP8-cache engine's steps with prompts run the prefill kernel
+# with fp8_queries (Q.K on FP8 tensor cores, each query row rounded to FP8) over their sequences
+# of more than one query, and the decode kernel over their one-query sequences. CPU engines (the
+# reference) ignore it, and engines built without it compile the kernel variants at first use.
+FP8_QUERIES_ENV = "INGOT_FP8_QUERIES"
+
+
 def make_paged_attention(tactic: Tactic | None = None):
     dec_params, large_params, pf_params, short_params = _split_params(tactic)
 
@@ -771,13 +780,17 @@ def make_paged_attention(tactic: Tactic | None = None):
         nd = decode_rows(T, B, int(max_query_len), num_decodes)
         if new_v is not None:
             check_new_v(new_v, nd)
-        if num_decodes == ANY_DECODES and nd < B:
+        fp8_queries = (
+            nd < B and new_v is None and k_scale is not None and q.dtype != torch.float32
+            and os.environ.get(FP8_QUERIES_ENV) == "1"
+        )  # fmt: skip
+        if (num_decodes == ANY_DECODES or fp8_queries) and nd < B:
             # one-query sequences anywhere in the step (a captured graph): the decode kernel
             # takes them at their rows, the prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
                 window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
-                skip_single=True,
+                skip_single=True, fp8_queries=fp8_queries,
             )  # fmt: skip
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window, table_len, out,
