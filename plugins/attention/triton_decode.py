@@ -785,8 +785,9 @@ def make_paged_attention(tactic: Tactic | None = None):
             and os.environ.get(FP8_QUERIES_ENV) == "1"
         )  # fmt: skip
         if (num_decodes == ANY_DECODES or fp8_queries) and nd < B:
-            # one-query sequences anywhere in the step (a captured graph): the decode kernel
-            # takes them at their rows, the prefill kernel skips them
+            # one-query sequences anywhere in the step (a captured graph, or INGOT_FP8_QUERIES
+            # in any step with prompts): the decode kernel takes them at their rows, the
+            # prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
                 window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
