@@ -51,7 +51,14 @@ def _source(
         ptrs["nv_ptr"] = "*bf16"
     if qsl_rows:  # a graph of a step with prompts: its decodes found from the query offsets
         ptrs["qsl_ptr"] = "*i32"
-    sig = {}
+    return kernel_source(fn, ptrs, const)
+
+
+def kernel_source(fn, ptrs: dict[str, str], const: dict) -> ASTSource:
+    """An attention kernel's launch as a compile source: pointers of the given types, the
+    constexprs given, every other pointer None, scale_log2 fp32 and the other scalars int32;
+    pointers and strides 16-divisible, as the launchers' tensors are."""
+    const, sig = dict(const), {}
     for a in fn.arg_names:
         if a in const:
             sig[a] = "constexpr"
@@ -62,7 +69,8 @@ def _source(
         else:
             sig[a] = "fp32" if a == "scale_log2" else "i32"
     idx = fn.arg_names.index
-    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*ptrs, *_STRIDES)}
+    divisible = [a for a in (*ptrs, *_STRIDES) if a in fn.arg_names]
+    attrs = {(idx(a),): [["tt.divisibility", 16]] for a in divisible}
     return ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
 
 

@@ -79,3 +79,16 @@ def test_persistent_w4a16_gemv_programs_stay_resident():
         plain = t.name.removesuffix(f"_r{t.as_dict()['persist']}")
         if plain in per_weight:
             assert per_weight[t.name] <= 1.1 * per_weight[plain], (t.name, per_weight)
+
+
+def test_fp8_queries_prefill_runs_qk_on_fp8_mmas():
+    """scripts/sass_prefill.py: with fp8_queries the FP8-cache prefill kernel's Q.K MMAs take
+    e4m3 operands (K as staged from the cache) and only V is converted to fp16, half the
+    conversions and fewer shared-memory stores, without spilling; without it no e4m3 MMA."""
+    mod = _script("sass_prefill")
+    rows = mod.report(tactics=("m64_n64_w4_s2",))
+    plain, fp8 = (next(r for r in rows if r["fp8_queries"] is on) for on in (False, True))
+    assert plain["wgmma_e4m3"] == 0 < fp8["wgmma_e4m3"], (plain, fp8)
+    assert fp8["wgmma_f16"] < plain["wgmma_f16"], (plain, fp8)
+    assert 2 * fp8["cvt_e4m3_to_f16"] == plain["cvt_e4m3_to_f16"] > 0, (plain, fp8)
+    assert fp8["st_shared"] < plain["st_shared"] and fp8["stack"] == 0, (plain, fp8)
