@@ -105,13 +105,18 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 
 
 def fp8_query_rows(q: torch.Tensor) -> torch.Tensor:
-    """q [T, H, hd] with each row (one query of one head) rounded to float8_e4m3fn with its own
-    scale amax / 448 (1 for an all-zero row), back in q's dtype: the queries an FP8 Q.K dot
-    sees (triton_prefill.fp8_query), exactly: the kernel divides and rounds the same way."""
+    """q [T, H, hd] with each row (one query of one head) times 448 / amax rounded to
+    float8_e4m3fn, then times amax / 448 (both 1 for a row of amax <= 1e-30), back in q's
+    dtype: the queries an FP8 Q.K dot sees (triton_prefill.fp8_query), exactly: the kernel
+    scales and rounds the same way."""
     qf = q.float()
-    sq = qf.abs().amax(-1, keepdim=True) / FP8_MAX
-    sq = torch.where(sq > 0, sq, torch.ones_like(sq))
-    return (quantize_fp8(qf, sq).float() * sq).to(q.dtype)
+    amax = qf.abs().amax(-1, keepdim=True)
+    one = torch.ones_like(amax)
+    big = amax > 1e-30  # as the kernel: 448 / amax would overflow for the tiniest rows
+    inv = torch.where(big, FP8_MAX / amax, one)
+    sq = torch.where(big, amax / FP8_MAX, one)
+    q8 = (qf * inv).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q8.float() * sq).to(q.dtype)
 
 
 def paged_attention(

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
-from ..quant.triton_quantize import quant_fp8
+from ..quant.triton_quantize import quant_fp8, to_fp8
 from ..registry import Tactic
 from .layout import check_kv_layout
 
@@ -80,14 +80,16 @@ def fp16_query(q, scale_log2):
 
 @triton.jit
 def fp8_query(q, scale_log2):
-    """FP8_QK: each query row (a query of one head) rounded to float8_e4m3fn with its own scale
-    amax / 448 (the reference's `fp8_query_rows`), so that the Q.K dot runs on FP8 tensor cores
-    straight from the cache's FP8 K; the row's scale joins the softmax scale, which becomes one
-    per row ([BLOCK_M])."""
+    """FP8_QK: each query row (a query of one head) times 448 / amax, rounded to float8_e4m3fn
+    (the reference's `fp8_query_rows`, bit for bit), so that the Q.K dot runs on FP8 tensor
+    cores straight from the cache's FP8 K; the row's scale amax / 448 joins the softmax scale,
+    which becomes one per row ([BLOCK_M]). Two divisions a row, a multiply an element."""
     qf = q.to(tl.float32)
-    sq = tl.math.div_rn(tl.max(tl.abs(qf), axis=1), 448.0)
-    sq = tl.where(sq > 0.0, sq, 1.0)
-    return quant_fp8(qf, sq[:, None]), scale_log2 * sq
+    amax = tl.max(tl.abs(qf), axis=1)
+    big = amax > 1e-30  # (448 / amax overflows below ~1e-36: such a row stays unscaled)
+    inv = tl.where(big, tl.math.div_rn(448.0, tl.maximum(amax, 1e-30)), 1.0)
+    sq = tl.where(big, tl.math.div_rn(amax, 448.0), 1.0)
+    return to_fp8(qf * inv[:, None]), scale_log2 * sq
 
 
 @triton.jit

@@ -56,7 +56,13 @@ def fp8_e4m3_rne(y):
 @triton.jit
 def quant_fp8(y, scale):
     """fp32 y / scale saturated to float8_e4m3fn (the reference's `quantize_fp8`)."""
-    q = tl.math.div_rn(y, scale)
+    return to_fp8(tl.math.div_rn(y, scale))
+
+
+@triton.jit
+def to_fp8(q):
+    """fp32 q saturated to +-448 and rounded to float8_e4m3fn, to nearest even (in software
+    under the interpreter, whose own cast rounds otherwise)."""
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if _INTERPRET:
         q = fp8_e4m3_rne(q)
