@@ -125,22 +125,23 @@ PY
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
       --num-requests 1 --out "$out/profile_${mode}_b1.json"
   fi
+  # the throughput point $i/$o ($n requests) of this mode's engine into folder $1 (more flags:
+  # the rest)
+  tput() {
+    ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
+      --output-len "$o" --num-requests "$n" --force --output-dir "$@"
+  }
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
     for shape in ${TPUT_SHAPES:-128x128 2048x128 2048x2048}; do
       i=${shape%x*} o=${shape#*x}
       n=$(( i >= 2048 ? (o >= 2048 ? requests_long : requests_2048) : requests_128 ))
-      ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
-        --output-len "$o" --num-requests "$n" --output-dir "$out/$mode/tput_${i}_${o}" --force
+      tput "$out/$mode/tput_${i}_${o}"
       if [[ -n "${TPUT_AB_ENV:-}" ]]; then  # the same point under those variables (an A/B)
         # shellcheck disable=SC2086  # VAR=value words on purpose
-        env $TPUT_AB_ENV ingot bench --engine-dir "$work/engine-$mode" throughput \
-          --input-len "$i" --output-len "$o" --num-requests "$n" --force \
-          --output-dir "$out/$mode/tput_${i}_${o}_ab"
+        (export $TPUT_AB_ENV; tput "$out/$mode/tput_${i}_${o}_ab")
       fi
       if [[ -n "${COMPARE_PIPELINE:-}" && "$shape" == "128x128" ]]; then
-        ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
-          --output-len "$o" --num-requests "$n" --no-pipeline --force \
-          --output-dir "$out/$mode/no_pipeline/tput_${i}_${o}"
+        tput "$out/$mode/no_pipeline/tput_${i}_${o}" --no-pipeline
       fi
       if [[ " ${HOST_PROFILE_SHAPES:-} " == *" $shape "* ]]; then  # the host's side (cProfile)
         python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len "$i" --host \
