@@ -901,27 +901,35 @@ else:
         assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
 
     @pytest.mark.parametrize("kind", KV_KINDS[1:])
-    def test_paged_attention_fp8_queries_experiment_rounds_prompts_only(kind, monkeypatch):
-        """INGOT_FP8_QUERIES=1 (an A/B switch): paged_attention runs the prefill kernel with
-        fp8_queries over the sequences of more than one query and the decode kernel over the
-        one-query ones, wherever they sit (a one-token chunk mid-step, trailing decodes): the
-        reference's fp8_queries, which rounds those sequences' queries only; decode-only steps
-        are untouched, and without the variable nothing changes."""
+    def test_paged_attention_fp8_queries_experiment_rounds_prefill_rows_only(kind, monkeypatch):
+        """INGOT_FP8_QUERIES=1 (an A/B switch): paged_attention's prefill kernel runs with
+        fp8_queries over the sequences it takes, the routes unchanged: the reference's
+        fp8_queries, which rounds the queries of prefill_seqs only (a one-token chunk mid-step
+        too; not the trailing decode rows; with ANY_DECODES, not any one-query sequence);
+        decode-only steps are untouched, and without the variable nothing changes."""
         torch.manual_seed(19)
         fn = dec.make_paged_attention(None)
-        for new, ctx, nd in (([7, 1, 20], [7, 30, 60], 0), ([7, 20, 1, 1], [7, 60, 40, 9], 2)):
+        cases = (
+            ([7, 1, 20], [7, 30, 60], 0, []),
+            ([7, 20, 1, 1], [7, 60, 40, 9], 2, [2, 3]),
+            ([7, 1, 20, 1], [7, 30, 60, 9], attn_ref.ANY_DECODES, [1, 3]),
+        )
+        for new, ctx, nd, decodes in cases:
             q, kc, vc, bt, cl, qsl, sc = _kv_batch(new, ctx, torch.float16, kind)
             q = q * 4
             kw = dict(max_query_len=max(new), num_decodes=nd, **sc)
             ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, fp8_queries=True,
-                                           **sc)  # fmt: skip
+                                           **kw)  # fmt: skip
             plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
             monkeypatch.setenv(dec.FP8_QUERIES_ENV, "1")
             out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw)
             assert rel_err(out, ref) < 5e-3 < rel_err(out, plain), new
-            one = torch.tensor([i for i, n in enumerate(new) if n == 1])
-            rows = qsl[one].long()  # the one-query sequences' rows: not rounded
-            assert rel_err(out[rows], plain[rows]) < 5e-3
+            for b in range(len(new)):
+                rows = slice(int(qsl[b]), int(qsl[b + 1]))
+                if b in decodes:  # the decode kernel's: not rounded
+                    assert rel_err(out[rows], plain[rows]) < 5e-3, (new, b)
+                else:
+                    assert rel_err(out[rows], plain[rows]) > 5e-3 > rel_err(out[rows], ref[rows])
             monkeypatch.delenv(dec.FP8_QUERIES_ENV)
             assert rel_err(fn(q, kc, vc, bt, cl, qsl, HD**-0.5, **kw), plain) < 5e-3
         q, kc, vc, bt, cl, qsl, sc = _kv_batch([1, 1], [9, 40], torch.float16, kind)

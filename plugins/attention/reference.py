@@ -64,6 +64,17 @@ def decode_rows(num_tokens: int, num_seqs: int, max_query_len: int, num_decodes:
     return num_decodes if 0 < num_decodes < num_seqs else 0
 
 
+def prefill_seqs(query_start_loc: torch.Tensor, num_decodes: int) -> torch.Tensor:
+    """[B] bool: the sequences of a step the GPU's prefill kernel attends, the others being
+    the decode kernel's (decode_rows; with ANY_DECODES, every one-query sequence)."""
+    lens = query_start_loc[1:] - query_start_loc[:-1]
+    if num_decodes == ANY_DECODES:
+        return lens > 1
+    b = lens.shape[0]
+    nd = decode_rows(int(lens.sum()), b, int(lens.max()) if b else 0, num_decodes)
+    return torch.arange(b, device=lens.device) < b - nd
+
+
 def write_decode_v(
     new_v: torch.Tensor,
     v_cache: torch.Tensor,
@@ -155,19 +166,19 @@ def paged_attention(
     cache; written first (at position ctx - 1, quantized as write_kv does). The GPU decode
     kernel stores it with the block's other tokens, in whole 32-byte sectors (an FP8 pool's
     transposed V takes one byte per row of 32: a scattered one-byte write costs far more).
-    fp8_queries: the queries of every sequence with more than one query in the step rounded to
-    FP8 per row first (fp8_query_rows; an FP8 cache): the rows the prefill kernel attends with
-    Q.K in FP8, one-query sequences being the decode kernel's.
+    fp8_queries: the queries of the sequences the GPU's prefill kernel attends (Q.K in FP8)
+    rounded to FP8 per row first (fp8_query_rows; an FP8 cache): every sequence but the step's
+    decode rows (decode_rows), and with ANY_DECODES every sequence of more than one query.
     Returns [T, Hq, hd] in q.dtype (float8_e4m3fn with out_scale).
     """
     if fp8_queries:
         if k_scale is None:
             raise ValueError("paged_attention: fp8_queries needs an FP8 KV cache")
         lens = query_start_loc[1:] - query_start_loc[:-1]
-        multi = torch.repeat_interleave(lens > 1, lens.long())[:, None, None]
+        rounded = torch.repeat_interleave(prefill_seqs(query_start_loc, num_decodes), lens.long())
+        q = torch.where(rounded[:, None, None], fp8_query_rows(q), q)
         return paged_attention(
-            torch.where(multi, fp8_query_rows(q), q), k_cache, v_cache, block_tables,
-            context_lens, query_start_loc,
+            q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
             scale, sliding_window, max_query_len=max_query_len, max_context_len=max_context_len,
             out=out, k_scale=k_scale, v_scale=v_scale, num_decodes=num_decodes,
             out_scale=out_scale, new_v=new_v,

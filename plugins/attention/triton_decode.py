@@ -718,10 +718,10 @@ def make_decode_attention(tactic: Tactic | None = None):
 
 
 # EXPERIMENT, for A/Bs of the engines' speed (scripts/bench_quant.sh TPUT_AB_ENV), not an engine
-# option: with INGOT_FP8_QUERIES=1 an FP8-cache engine's steps with prompts run the prefill kernel
-# with fp8_queries (Q.K on FP8 tensor cores, each query row rounded to FP8) over their sequences
-# of more than one query, and the decode kernel over their one-query sequences. CPU engines (the
-# reference) ignore it, and engines built without it compile the kernel variants at first use.
+# option: with INGOT_FP8_QUERIES=1 an FP8-cache engine's prefill kernel runs with fp8_queries (Q.K
+# on FP8 tensor cores, each query row rounded to FP8) over the sequences it takes (the reference's
+# prefill_seqs); the routes stay as they are. CPU engines (the reference) ignore it, and engines
+# built without it compile the kernel variant at first use.
 FP8_QUERIES_ENV = "INGOT_FP8_QUERIES"
 
 
@@ -781,13 +781,12 @@ def make_paged_attention(tactic: Tactic | None = None):
         if new_v is not None:
             check_new_v(new_v, nd)
         fp8_queries = (
-            nd < B and new_v is None and k_scale is not None and q.dtype != torch.float32
+            k_scale is not None and q.dtype != torch.float32
             and os.environ.get(FP8_QUERIES_ENV) == "1"
         )  # fmt: skip
-        if (num_decodes == ANY_DECODES or fp8_queries) and nd < B:
-            # one-query sequences anywhere in the step (a captured graph, or INGOT_FP8_QUERIES
-            # in any step with prompts): the decode kernel takes them at their rows, the
-            # prefill kernel skips them
+        if num_decodes == ANY_DECODES and nd < B:
+            # one-query sequences anywhere in the step (a captured graph): the decode kernel
+            # takes them at their rows, the prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
                 window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
@@ -811,7 +810,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
-            pf_params, k_scale, v_scale, out_scale,
+            pf_params, k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
         )  # fmt: skip
         if nd:
             # NOTE: split as the decode graphs do (the table's width): the same binaries
