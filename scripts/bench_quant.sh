@@ -31,7 +31,7 @@ out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
 tiny=${2:-}
 work=${WORK:-/tmp/ingot-quant}
 mkdir -p "$out" "$work"
-device=cuda target=auto batch=512
+device=cuda target=auto batch=${BATCH:-512}  # BATCH: the engines' --max-batch-size
 # NOTE: TensorRT-LLM's published offline figures use 30,000 requests at 128/128, 3,000 at
 # 2048/128 and 1,500 at 2048/2048 (docs/source/performance/perf-overview.md), so that the batch
 # stays full; these defaults are what one 10-minute device call holds (at least the engine's

@@ -37,7 +37,8 @@ def test_packed_segments_are_aligned_views_of_one_buffer():
 def test_buckets():
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert batch_buckets(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 128, 192, 256]
-    assert batch_buckets(2048)[-7:] == [256, 320, 384, 448, 512, 1024, 2048]
+    assert batch_buckets(2048)[-9:] == [320, 384, 448, 512, 640, 768, 896, 1024, 2048]
+    assert batch_buckets(700)[-4:] == [448, 512, 640, 700]
     assert batch_buckets(1) == [1]
     large = [768, 1024, 1280, 1536, 1792, 2048]
     assert prefill_buckets(8192) == [16, 32, 64, 128, 256, 512, *large]
