@@ -20,7 +20,8 @@
 # the batch-1 decode (OUT_DIR/profile_<mode>_<point>.json: one folder down, so they come back
 # from the device); HOST_PROFILE_SHAPES the same points' host time by Python function
 # (profile_throughput.py --host, OUT_DIR/host_profile_<mode>_<point>.json); SWEEP_BATCHES (e.g. "1,2,4,8") 128/128 throughput at each of those
-# batch sizes; COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
+# batch sizes (as many requests as the batch, or SWEEP_REQUESTS each: e.g. BATCH=1024
+# SWEEP_BATCHES=512 SWEEP_REQUESTS=4096 compares a larger max batch with 512 on one engine); COMPARE_PIPELINE=1 also runs batch 1 and 128/128 with `--no-pipeline`;
 # TPUT_AB_ENV ("NAME=value ...": a runtime switch to compare) each throughput point again under those
 # environment variables (tput_<point>_ab_* in the summary);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
@@ -119,7 +120,8 @@ PY
   if [[ -n "${SWEEP_BATCHES:-}" ]]; then  # small batches: 128/128 at each batch size, e.g. 1,2,4,8
     # NOTE: a folder beside $out/$mode: the device tool returns files at most 2 folders down
     ingot bench --engine-dir "$work/engine-$mode" throughput --input-len 128 --output-len 128 \
-      --batch-sizes "$SWEEP_BATCHES" --output-dir "$out/${mode}_sweep" --force
+      --batch-sizes "$SWEEP_BATCHES" ${SWEEP_REQUESTS:+--num-requests "$SWEEP_REQUESTS"} \
+      --output-dir "$out/${mode}_sweep" --force
   fi
   if [[ -n "${PROFILE_B1:-}" ]]; then  # the batch-1 decode step's GPU time by kernel group
     python3 scripts/profile_throughput.py "$work/engine-$mode" --input-len 128 --output-len 128 \
