@@ -143,11 +143,12 @@ def hf_measure(model, device, vocab: int, args) -> dict:
     }
 
 
-def kernel_profile(run, top: int = 30) -> dict:
+def kernel_profile(run, top: int = 30, events_out: list | None = None) -> dict:
     """GPU time per kernel name over one call of `run` (torch.profiler), largest first, and
     the timeline: the call's wall time, the span from the first kernel's start to the last
     one's end, the time the GPU sat idle inside it (host-bound stretches, launch gaps between
-    a graph's kernels), and the largest idle gaps."""
+    a graph's kernels), and the largest idle gaps. events_out: receives the trace's GPU
+    events (gpu_events)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -167,16 +168,24 @@ def kernel_profile(run, top: int = 30) -> dict:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name)).get("traceEvents", [])
     out = {"wall_us": round(wall_us, 1), "gpu_us_total": round(total, 1), "top": rows[:top]}
+    if events_out is not None:
+        events_out.extend(gpu_events(events))
     return out | timeline(events)
+
+
+def gpu_events(events: list[dict]) -> list[tuple[float, float, str]]:
+    """A chrome trace's GPU events (kernels, copies, memsets) as (start, end, name) in
+    microseconds, by start."""
+    return sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", ""))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
 
 
 def timeline(events: list[dict], gaps: int = 8) -> dict:
     """Span, idle time and the largest gaps of a chrome trace's GPU events (kernels, copies)."""
-    gpu = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "")[:60])
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-    )
+    gpu = [(a, b, name[:60]) for a, b, name in gpu_events(events)]
     if not gpu:
         return {}
     idle, end, prev, found = 0.0, gpu[0][1], gpu[0][2], []

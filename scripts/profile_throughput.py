@@ -13,6 +13,11 @@ bounds. Writes JSON; prints the groups.
 with the most time of their own and with the most time under them): the executor plans and
 launches a mixed step while the GPU runs the one before (`next` in the bench's `step_mix`),
 and past the GPU's time per step the host is what the run waits for. Also runs on the CPU.
+
+`by_step_kind` in the JSON: the GPU time of decode-only, prefill-only and mixed steps apart,
+per step (GPU time by group, idle time, the largest kernels). A marker kernel goes into the
+stream before each step's launch, so the GPU work from one marker to the next is that step's
+(its sampling readback included).
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import kernel_profile  # noqa: E402
 
 from ingot.cli.bench.ingot_driver import IngotDriver  # noqa: E402
+from ingot.cli.bench.metrics import StepMix  # noqa: E402
 from ingot.cli.bench.workload import point_seed, synthetic  # noqa: E402
+
+# torch.cuda._sleep's kernel (ATen's Sleep.cu), launched before each step as its marker
+MARKER = re.compile(r"\bspin_kernel\b")
 
 # first match wins; kernel names of cuBLAS(Lt) GEMMs vary by version, hence the loose patterns
 GROUPS = (
@@ -85,7 +94,9 @@ def main() -> None:
             print(f"{row['own_s']:9.3f} s own {row['cum_s']:9.3f} s cum {row['calls']:>9} x "
                   f"{row['function']}")  # fmt: skip
         return
-    prof = kernel_profile(run, top=80)
+    kinds = mark_steps(driver.executor)
+    events: list[tuple[float, float, str]] = []
+    prof = kernel_profile(run, top=80, events_out=events)
     groups: dict[str, float] = {}
     for row in prof["top"]:
         g = group_of(row["kernel"])
@@ -97,12 +108,74 @@ def main() -> None:
         result,
         {
             "gpu_ms_by_group": {g: round(us / 1e3, 2) for g, us in sorted(groups.items())},
+            "by_step_kind": by_step_kind(events, kinds),
             "profile": prof,
         },
     )
-    print(json.dumps({k: out[k] for k in ("wall_s", "step_mix", "gpu_ms_by_group")}, indent=2))
+    keys = ("wall_s", "step_mix", "gpu_ms_by_group", "by_step_kind")
+    print(json.dumps({k: out[k] for k in keys}, indent=2))
     print(f"GPU busy {prof['gpu_us_total'] / 1e3:.1f} ms, idle {prof.get('idle_us', 0) / 1e3:.1f}"
           f" ms of a {prof.get('span_us', 0) / 1e3:.1f} ms span")  # fmt: skip
+
+
+def mark_steps(executor) -> list[str]:
+    """Wraps the executor's step launch: a marker kernel in the stream first, then the step's
+    work. Returns the launched steps' kinds (StepMix.kind), in launch order, as they come."""
+    kinds: list[str] = []
+    launch = executor._launch
+
+    def marked(plan, *args, **kw):
+        torch.cuda._sleep(1)
+        kinds.append(StepMix.kind(plan.num_seqs, plan.num_prefill))
+        return launch(plan, *args, **kw)
+
+    executor._launch = marked
+    return kinds
+
+
+def by_step_kind(events: list[tuple[float, float, str]], kinds: list[str], top: int = 12) -> dict:
+    """Per kind of step, per step: GPU time by group (group_of), GPU idle time and the `top`
+    kernels. events: (start, end, name) in µs by start; the i-th marker kernel opens the
+    window of the i-th launched step (kinds[i]), which lasts to the next marker (the last one
+    to the end of the trace). Work before the first marker is left out. A trace whose marker
+    count differs from the launches gives {"error": ...}."""
+    marks = [i for i, e in enumerate(events) if MARKER.search(e[2])]
+    if len(marks) != len(kinds):
+        return {"error": f"{len(marks)} marker kernels for {len(kinds)} launched steps"}
+    acc: dict[str, dict] = {}
+    for n, (first, kind) in enumerate(zip(marks, kinds, strict=True)):
+        last = marks[n + 1] if n + 1 < len(marks) else len(events)
+        a = acc.setdefault(kind, {"steps": 0, "gpu_us": 0.0, "idle_us": 0.0, "groups": {},
+                                  "kernels": {}})  # fmt: skip
+        a["steps"] += 1
+        end = events[first][1]
+        for start, stop, name in events[first + 1 : last]:
+            a["idle_us"] += max(0.0, start - end)
+            end = max(end, stop)
+            us = stop - start
+            a["gpu_us"] += us
+            g = group_of(name)
+            a["groups"][g] = a["groups"].get(g, 0.0) + us
+            calls_us = a["kernels"].setdefault(name[:100], [0, 0.0])
+            calls_us[0] += 1
+            calls_us[1] += us
+    out = {}
+    for kind, a in acc.items():
+        n = a["steps"]
+        biggest = sorted(a["kernels"].items(), key=lambda kv: -kv[1][1])[:top]
+        out[kind] = {
+            "steps": n,
+            "gpu_ms_per_step": round(a["gpu_us"] / n / 1e3, 3),
+            "idle_ms_per_step": round(a["idle_us"] / n / 1e3, 3),
+            "gpu_ms_per_step_by_group": {
+                g: round(us / n / 1e3, 3) for g, us in sorted(a["groups"].items())
+            },
+            "top": [
+                {"kernel": k, "calls_per_step": round(c / n, 2), "us_per_step": round(us / n, 1)}
+                for k, (c, us) in biggest
+            ],
+        }
+    return out
 
 
 def host_profile(run, top: int = 40) -> dict:

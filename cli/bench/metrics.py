@@ -41,6 +41,11 @@ class StepMix:
         self._sums = {k: [0, 0.0, 0, 0] for k in self.KINDS}
         self._phases = {k: [0.0] * len(self.PHASES) for k in self.KINDS}
 
+    @staticmethod
+    def kind(num_seqs: int, num_prefill: int) -> str:
+        """A step's kind: decode-only, prefill-only or mixed."""
+        return "decode" if num_prefill == 0 else "prefill" if num_prefill == num_seqs else "mixed"
+
     def add(
         self,
         seconds: float,
@@ -52,7 +57,7 @@ class StepMix:
         """phases: seconds by PHASES (a prefix of them, or none)."""
         if not num_seqs:
             return
-        kind = "decode" if num_prefill == 0 else "prefill" if num_prefill == num_seqs else "mixed"
+        kind = self.kind(num_seqs, num_prefill)
         row = self._sums[kind]
         row[0] += 1
         row[1] += seconds
