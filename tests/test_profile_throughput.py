@@ -3,26 +3,13 @@ markers and the step kinds come from the GPU run)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from scripts_import import load_script
 
 
 @pytest.fixture(scope="module")
 def prof():
-    scripts = Path(__file__).parents[1] / "scripts"
-    spec = importlib.util.spec_from_file_location(
-        "profile_throughput", scripts / "profile_throughput.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(scripts))  # it imports bench_engine
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(scripts))
-    return mod
+    return load_script("profile_throughput")
 
 
 MARK = "spin_kernel(long)"

@@ -4,25 +4,14 @@ large-batch decode kernel of FP8 engines must not spill to local memory."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from scripts_import import load_script
 
 pytest.importorskip("triton")
 
 
 def _script(name: str = "sass_report"):
-    scripts = Path(__file__).parents[1] / "scripts"
-    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(scripts))  # sass_w4a16 imports sass_report
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(scripts))
-    return mod
+    return load_script(name)
 
 
 def test_large_batch_fp8_decode_kernel_fits_in_registers():
