@@ -74,8 +74,10 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
     """RoPE + KV write into an FP8 pool (V transposed per block, as the engines store it), and,
     to tell what its cost is, the same into an FP8 pool with V token-major and a BF16 pool.
     Slots: "scattered" (one token per sequence, as a decode step writes: each token lands in
-    another block, so its transposed V touches 1,024 sectors a byte each) or "runs" (a
-    prompt's consecutive slots, as a prefill chunk writes). "fp8 v by attention": a decode
+    another block, so its transposed V touches 1,024 sectors a byte each), "runs" (prompts'
+    consecutive slots from block starts, at rows that are multiples of 2,048) or "packed runs"
+    (a mixed step's rows as the scheduler packs them: a 37-token chunk continuing a prompt
+    mid-block, then prompts from block starts, each at a row that is not a multiple of 32). "fp8 v by attention": a decode
     step's write into the engines' FP8 pool now (K only: the attention kernel stores V);
     "fp8 v per token": a prefill's V stored token by token, as before V segments."""
     cos, sin = (
@@ -83,7 +85,12 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
         for c in rope_ref.cos_sin_cache(rope_ref.inv_freq(HD, 500000.0, "llama3", 8.0), 8192)
     )
     ks, vs = torch.tensor(0.1, device=DEV), torch.tensor(0.1, device=DEV)
-    for T, slot_kind in ((512, "scattered"), (8192, "runs"), (8192, "scattered")):
+    for T, slot_kind in (
+        (512, "scattered"),
+        (8192, "runs"),
+        (8192, "packed runs"),
+        (8192, "scattered"),
+    ):
         qkv = torch.randn(T, (HQ + 2 * HKV) * HD, device=DEV, dtype=BF16)
         q = qkv[:, : HQ * HD].view(T, HQ, HD)
         k = qkv[:, HQ * HD : (HQ + HKV) * HD].view(T, HKV, HD)
@@ -93,9 +100,16 @@ def bench_rope_fp8_kv(rows, bw, reps) -> None:
         if slot_kind == "scattered":  # one slot in each of T distinct blocks
             blocks = torch.randperm(nb, device=DEV)[:T]
             slots = (blocks * BS + torch.randint(0, BS, (T,), device=DEV)).int()
-        else:  # runs of 2,048 consecutive slots from block-aligned starts
+        elif slot_kind == "runs":  # runs of 2,048 consecutive slots from block-aligned starts
             starts = torch.randperm(nb // 64, device=DEV)[: T // 2048] * 64 * BS
             slots = (starts[:, None] + torch.arange(2048, device=DEV)).reshape(-1).int()
+        else:  # packed: 37 slots from offset 11 of a block, then runs from block starts
+            starts = torch.randperm(nb // 64, device=DEV)[: T // 2048 + 1] * 64 * BS
+            lens = [37, 2048, 2048, 2048, T - 37 - 3 * 2048]
+            slots = torch.cat(
+                [starts[i] + (11 if i == 0 else 0) + torch.arange(n, device=DEV)
+                 for i, n in enumerate(lens)]
+            ).int()  # fmt: skip
         pools = ("fp8", "fp8_v_token_major", "bf16")
         if slot_kind == "scattered" and T == 512:
             pools += ("fp8_v_by_attention",)

@@ -28,7 +28,8 @@ G, HD, BS = 4, 128, 32
 # the tactics engines pick: the default, wide tiles, and the one- and two-warp large-batch ones
 TACTICS = (dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[4], *dec.LARGE_BATCH_TACTICS)
 # runtime integers the launcher passes that Triton specializes as multiples of 16
-_STRIDES = ("sqt", "sqh", "sot", "soh", "s_blk", "s_tok", "s_h", "s_bt", "snt", "snh")
+_STRIDES = ("sqt", "sqh", "sot", "soh", "s_blk", "s_tok", "s_h", "s_bt", "snt", "snh",
+            "svt", "svh", "sv_blk", "sv_h")  # fmt: skip
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 

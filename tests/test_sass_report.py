@@ -81,3 +81,24 @@ def test_fp8_queries_prefill_runs_qk_on_fp8_mmas():
     assert fp8["wgmma_f16"] < plain["wgmma_f16"], (plain, fp8)
     assert 2 * fp8["cvt_e4m3_to_f16"] == plain["cvt_e4m3_to_f16"] > 0, (plain, fp8)
     assert fp8["st_shared"] < plain["st_shared"] and fp8["stack"] == 0, (plain, fp8)
+
+
+def test_v_segments_store_whole_windows_16_bytes_at_a_time():
+    """The FP8 pool's V a window at a time (triton_kv_write._v_segments_kernel) compiled for
+    sm_90: a whole window's dims go out in 16-byte stores (a run's partial window byte by
+    byte). Which rows form a window is the kernel's runtime business (tests/v_segment_checks.py
+    holds the bytes; the `step` benchmark's "packed runs" the speed)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from ingot.plugins.attention import triton_kv_write as kv_write
+
+    mod = _script()
+    ptrs = {"v_ptr": "*bf16", "vc_ptr": "*fp8e4nv", "slot_ptr": "*i32", "vs_ptr": "*fp32"}
+    const = {"BS": 32, "SEG": 32, "D_PAD": 128, "KV_FP8": True, "PDL": False}
+    src = mod.kernel_source(kv_write._v_segments_kernel, ptrs, const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    stores = re.findall(r"st\.global\.[\w.]+", ptx)
+    assert "st.global.v4.b32" in stores and "st.global.b8" in stores, sorted(set(stores))

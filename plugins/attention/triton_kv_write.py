@@ -76,9 +76,9 @@ def _kv_write_kernel(
 
 # A prefill's V into a transposed (FP8) pool, layout.py: per-token stores put one byte into
 # each of hd 32-byte sectors per token (H200: RoPE + KV write into an FP8 pool at 8,192 tokens,
-# 168 us a layer, 27% of the copy bandwidth). Here a program takes SEG tokens of one kv head;
-# when they fill a SEG-token segment of one block in order (a prompt's run of slots), it
-# stores each dim's SEG bytes at once. Calls of at least this many tokens go this way.
+# 168 us a layer, 27% of the copy bandwidth). Here a program stores whole windows: SEG slots of
+# one block from a SEG boundary, each dim's SEG bytes at once. Calls of at least this many
+# tokens go this way.
 V_SEGMENT_MIN_TOKENS = 64
 
 
@@ -101,31 +101,44 @@ def _v_segments_kernel(
     KV_FP8: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    """Program (j, h) stores kv head h of the runs that start in rows j * SEG ... + SEG - 1: a
+    run is rows whose slots are consecutive within one window (in an engine's step, a
+    sequence's tokens in one window). A run need not start at a multiple of SEG: a chunk
+    continuing mid-block, or any prompt packed after one whose length is not a multiple of SEG
+    (most of a mixed step's rows), so its rows are found from its slots, not from the grid."""
     pdl_begin(PDL)
     j = tl.program_id(0)
     h = tl.program_id(1)
+    n = tl.minimum(T, v_rows)
     i = tl.arange(0, SEG)
     t = j * SEG + i
-    tm = t < tl.minimum(T, v_rows)
-    s = tl.load(slot_ptr + t, mask=tm, other=-1).to(tl.int64)
+    tm = t < n
+    s = tl.load(slot_ptr + t, mask=tm, other=-1)
+    prev = tl.load(slot_ptr + t - 1, mask=tm & (t > 0), other=-1)
+    # a run: rows of consecutive slots in one window (slots < 0, padding, in none)
+    starts = (s >= 0) & ((prev != s - 1) | (s % SEG == 0))
     d = tl.arange(0, D_PAD)
     dm = d < HD
-    v = tl.load(v_ptr + t.to(tl.int64)[:, None] * svt + h * svh + d[None, :],
-                mask=tm[:, None] & dm[None, :], other=0.0)  # fmt: skip
-    if KV_FP8:
-        v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
-    vt = tl.trans(v.to(vc_ptr.dtype.element_ty))  # [D_PAD, SEG]: tokens along each dim's row
-    first = tl.sum(tl.where(i == 0, s, 0))
-    run = tl.sum((tm & (s == first + i)).to(tl.int32)) == SEG  # all SEG valid, in order
-    if run & (first >= 0) & (first % SEG == 0):
+    t0 = j * SEG - 1
+    for _ in range(tl.sum(starts.to(tl.int32))):
+        t0 = tl.min(tl.where(starts & (t > t0), t, n))  # the next run's first row
+        s0 = tl.sum(tl.where(t == t0, s, 0))
+        w0 = s0 - s0 % SEG  # the window's first slot; row t0 + k holds slot s0 + k
+        r = t0 - s0 % SEG + i  # the row of slot w0 + i, where the step has it
+        rm = (r >= t0) & (r < n)
+        ok = rm & (tl.load(slot_ptr + r, mask=rm, other=-1) == w0 + i)
+        v = tl.load(v_ptr + r.to(tl.int64)[:, None] * svt + h * svh + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)  # fmt: skip
+        if KV_FP8:
+            v = quant_fp8(v.to(tl.float32), tl.load(vs_ptr))
+        vt = tl.trans(v.to(vc_ptr.dtype.element_ty))  # [D_PAD, SEG]: tokens along each dim's row
         # NOTE: hints as load_v's: each dim's SEG tokens contiguous from a SEG boundary
-        r = tl.max_contiguous(tl.multiple_of(first % BS + i, SEG), SEG)
-        ptr = vc_ptr + (first // BS) * sv_blk + h * sv_h + d[:, None] * BS + r[None, :]
-        tl.store(ptr, vt, mask=dm[:, None])
-    else:  # token by token (slots < 0: padding, skipped)
-        dst = (s // BS) * sv_blk + h * sv_h + s % BS
-        tl.store(vc_ptr + dst[None, :] + d[:, None] * BS, vt,
-                 mask=dm[:, None] & (tm & (s >= 0))[None, :])  # fmt: skip
+        c = tl.max_contiguous(tl.multiple_of(w0 % BS + i, SEG), SEG)
+        ptr = vc_ptr + (w0 // BS).to(tl.int64) * sv_blk + h * sv_h + d[:, None] * BS + c[None, :]
+        if tl.sum(ok.to(tl.int32)) == SEG:  # whole: SEG bytes a dim in one store
+            tl.store(ptr, vt, mask=dm[:, None])
+        else:  # a chunk's first or last window (or scattered slots): the run's tokens only
+            tl.store(ptr, vt, mask=dm[:, None] & ok[None, :])
 
 
 def write_v_segments(v, v_cache, slot_mapping, v_scale=None, v_rows=None) -> None:
