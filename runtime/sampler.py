@@ -76,15 +76,25 @@ def _argmax_chunks(vocab: int) -> int:
     return max(c for c in range(1, 257) if vocab % c == 0)
 
 
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+def aligned_argmax_chunks(vocab: int) -> int:
+    """The largest divisor of `vocab` up to 256 whose chunks are whole 16-byte words of bf16
+    (vocab // c a multiple of 8; 1 if none): Llama-3's 128,256 gives 167 chunks of 768, where
+    _argmax_chunks gives 256 of 501, an odd row length that may keep the reduction from
+    loading vectors. A candidate for greedy_tokens' `chunks` (scripts/bench_step_kernels.py
+    times both)."""
+    return max((c for c in range(1, 257) if vocab % c == 0 and vocab // c % 8 == 0), default=1)
+
+
+def greedy_tokens(logits: torch.Tensor, chunks: int | None = None) -> torch.Tensor:
     """argmax over the last dim of [B, V] logits, same result (first index of the maximum).
 
     In two stages, because one row's argmax is a single-block reduction: on the H200 it took
     28 us of a 4.4 ms batch-1 decode step for a 128k vocabulary. The row splits into chunks
     (max and its index per chunk, in parallel), then the first chunk holding the maximum wins.
+    chunks: how many (a divisor of V; default _argmax_chunks).
     """
     b, v = logits.shape
-    c = _argmax_chunks(v)
+    c = _argmax_chunks(v) if chunks is None else chunks
     if c == 1:
         return logits.argmax(dim=-1)
     vals, idx = logits.reshape(b, c, v // c).max(dim=-1)  # [B, c] each

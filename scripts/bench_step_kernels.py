@@ -39,7 +39,11 @@ from ingot.plugins.quant import triton_quantize as tq  # noqa: E402
 from ingot.plugins.rope import reference as rope_ref  # noqa: E402
 from ingot.plugins.rope import triton_kernels as rope  # noqa: E402
 from ingot.plugins.tactics import time_tactics  # noqa: E402
-from ingot.runtime.sampler import greedy_tokens  # noqa: E402
+from ingot.runtime.sampler import (  # noqa: E402
+    _argmax_chunks,
+    aligned_argmax_chunks,
+    greedy_tokens,
+)
 
 F8 = torch.float8_e4m3fn
 TOKENS = (512, 8192)
@@ -153,17 +157,34 @@ def _ms(fn, reps: int) -> float:
 
 
 def bench_logits_readout(rows, reps) -> None:
-    """argmax of a decode step's logits: widened to float32 first (the old graphs) or not."""
+    """argmax of a decode step's logits: widened to float32 first (the old graphs) or not; and
+    in bf16 with 16-byte-aligned chunks (sampler.aligned_argmax_chunks) instead of the default
+    ones, each as a one-call CUDA graph (GPU time, as the decode graphs run it)."""
+    aligned = aligned_argmax_chunks(VOCAB)
     for B in (1, 128, 512):
         logits = torch.randn(B, VOCAB, device=DEV, dtype=BF16)
         old = _ms(lambda lg=logits: greedy_tokens(lg.float()), reps)
         new = _ms(lambda lg=logits: greedy_tokens(lg), reps)
+        graphed = {c: _ms(_graphed(lambda lg=logits, c=c: greedy_tokens(lg, c)), reps)
+                   for c in (_argmax_chunks(VOCAB), aligned)}  # fmt: skip
         rows.append({"kernel": "logits_argmax", "shape": f"B={B} V={VOCAB}",
-                     "float32_then_argmax_us": old * 1e3, "bf16_argmax_us": new * 1e3})  # fmt: skip
+                     "float32_then_argmax_us": old * 1e3, "bf16_argmax_us": new * 1e3,
+                     "graphed_us_by_chunks": {c: ms * 1e3 for c, ms in graphed.items()}})  # fmt: skip
         print(
             f"logits argmax      B={B:<4d} float32 first {old * 1e3:8.1f} us"
-            f"   bf16 {new * 1e3:8.1f} us"
+            f"   bf16 {new * 1e3:8.1f} us   graphed by chunks "
+            + "  ".join(f"{c}: {ms * 1e3:.1f} us" for c, ms in graphed.items())
         )
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph (after a warm-up call); returns the replay."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
 
 
 def main() -> None:

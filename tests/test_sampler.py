@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ingot.runtime.sampler import _argmax_chunks, greedy_tokens
+from ingot.runtime.sampler import _argmax_chunks, aligned_argmax_chunks, greedy_tokens
 
 
 @pytest.mark.parametrize("vocab", [128256, 151936, 32000, 4099, 100])
@@ -11,6 +11,15 @@ def test_greedy_tokens_equals_argmax(vocab):
     g = torch.Generator().manual_seed(vocab)
     logits = torch.randn(5, vocab, generator=g)
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    # any chunking, the 16-byte-aligned one included
+    c = aligned_argmax_chunks(vocab)
+    assert vocab % c == 0 and (c == 1 or vocab // c % 8 == 0)
+    assert torch.equal(greedy_tokens(logits, c), logits.argmax(dim=-1))
+
+
+def test_aligned_argmax_chunks_of_llama3_and_qwen2_vocabularies():
+    assert (aligned_argmax_chunks(128256), _argmax_chunks(128256)) == (167, 256)  # 768 / 501
+    assert aligned_argmax_chunks(151936) == 16  # 151,936 = 2^7 x 1,187: chunks of 9,496
 
 
 def test_greedy_tokens_ties_take_the_first_index():
