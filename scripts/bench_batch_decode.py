@@ -48,20 +48,23 @@ POINTS = ((128, 3072, 128), (448, 3072, 448), (435, 3072, 512), (435, 3072, 448)
           (128, 2112, 128), (512, 192, 512))  # fmt: skip
 PREFILL_ROWS = 8192
 ENGINE_BS = 32  # tokens per KV block of the llama-3.1-8b presets
+GRAPH_BOUND = 4096  # the decode graphs' context bound in bench_quant.sh's engines (max_seq_len)
 # also "fp8_v_rows", "fp8_new_v" (measured 12-03; listed here, they are timed again)
 KV_KINDS = ("bf16", "fp8")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
 
 
-def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=None):
+def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=None, bound=None):
     """kv: "bf16", "fp8" (V transposed per block, as FP8 pools store it), "fp8_v_rows" (V
     token-major like K: the layout before 12-03) or "fp8_new_v" (as "fp8", the kernel storing
     each sequence's newest V first, an option the engines leave off). launched: rows of the
-    launch (B real ones, the others one-token padding), default B."""
+    launch (B real ones, the others one-token padding), default B. bound: the context bound
+    the split grid is sized for, default the block table's width (here just ctx; an engine's
+    decode graphs: its max_seq_len, where short contexts leave the later splits empty)."""
     n = launched or B
     q, kc, vc, bt, cl, qsl = paged([ctx] * B + [1] * (n - B), [1] * n, ENGINE_BS)
-    kw = {"max_context_len": bt.shape[1] * ENGINE_BS}  # as the engine's graphs: the table's width
+    kw = {"max_context_len": bound or bt.shape[1] * ENGINE_BS}  # the graphs': the table's width
     elem = 2
     if kv != "bf16":
         kc, vc, elem = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 1
@@ -75,6 +78,7 @@ def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=N
                      factory=dec.make_decode_attention)  # fmt: skip
     nbytes = B * ctx * HKV * HD * 2 * elem
     shape = f"B={B} ctx={ctx}" + (f" in {n} rows" if n != B else "")
+    shape += f" bound={bound}" if bound else ""
     record(rows, f"decode_attention_{kv}kv", shape, t, nbytes, bw=bw)
     return t[0][1]
 
@@ -136,6 +140,9 @@ def main() -> None:
         print(f"B={B} ctx={ctx} in {M} rows: attention fp8-KV {attn['fp8'] * 1e3:.0f} us/layer, FP8 GEMMs "
               f"{layer_fp8 * 1e3:.0f} us/layer; step {step_ms:.2f} ms (floor "
               f"{points[-1]['bandwidth_floor_ms']:.2f} ms) -> {B / (step_ms * 1e-3):.0f} tok/s")  # fmt: skip
+    if not args.gemms_only:  # 128/128's decode steps as the engine's graphs launch them
+        for kv in KV_KINDS:
+            attention(rows, bw, 512, 192, kv, args.reps, bound=GRAPH_BOUND)
     doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw,
            "points": points, "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(doc, indent=1))
