@@ -10,11 +10,14 @@ Shapes: Llama-3.1-8B. Points (batch, context, rows the step launches): (128, 307
 middle of 2048/2048 at 128 requests, (448, 3072) at 448; (435, 3072) as that run's decode
 steps launch it: padded to a graph bucket of 512 rows (before 12-04's buckets of 64) and of
 448 (the padding rows hold one token, as in the graphs; the split plan sees every row);
-(128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512.
+(128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512. At each point, FP8 cache: also
+the FP8-MMA experiment (plugins/attention/triton_decode_fp8mma.py), each variant's time and
+its error against the decode kernel on FP8-rounded queries ("decode_attention_fp8mma" rows).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -39,9 +42,12 @@ from bench_kernels import (  # noqa: E402
     record,
 )
 
+from ingot.plugins.attention import reference as attn_ref  # noqa: E402
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
+from ingot.plugins.attention import triton_decode_fp8mma as f8mma  # noqa: E402
 from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
+from ingot.plugins.registry import Tactic  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
 POINTS = ((128, 3072, 128), (448, 3072, 448), (435, 3072, 512), (435, 3072, 448),
@@ -53,6 +59,35 @@ GRAPH_BOUND = 4096  # the decode graphs' context bound in bench_quant.sh's engin
 KV_KINDS = ("bf16", "fp8")
 LAYER_GEMMS = {"qkv": (HQ * HD + 2 * HKV * HD, D), "o": (D, HQ * HD), "gate_up": (2 * INTER, D),
                "down": (D, INTER)}  # fmt: skip
+
+
+# (block_n, num_warps, num_stages) of the FP8-MMA experiment
+FP8MMA_VARIANTS = tuple(
+    Tactic(f"fp8mma_n{n}_w{w}_s{st}", (("block_n", n), ("num_warps", w), ("num_stages", st)))
+    for n, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 2))
+)
+
+
+def attention_fp8mma(rows, bw, B, ctx, reps) -> None:
+    """The FP8-MMA decode experiment at B sequences of ctx keys (FP8 cache, V transposed): the
+    time of each variant and its relative error against the decode kernel's output for the
+    same queries rounded to FP8 (fp8_query_rows), which the experiment's P rounding adds to."""
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
+    kc = kc.to(torch.float8_e4m3fn)
+    vc = to_v_layout(vc.to(torch.float8_e4m3fn), transposed=True)
+    one = torch.ones((), device=DEV, dtype=torch.float32)
+    args = (q, kc, vc, bt, cl, 1 / math.sqrt(HD), one, one)
+    t = time_tactics("decode_fp8mma", FP8MMA_VARIANTS, fixed(args, {}), reps,
+                     factory=lambda tac: functools.partial(f8mma.decode_fp8mma, **tac.as_dict()))  # fmt: skip
+    record(rows, "decode_attention_fp8mma", f"B={B} ctx={ctx}", t, B * ctx * HKV * HD * 2, bw=bw)
+    ref = dec.make_decode_attention(None)(attn_ref.fp8_query_rows(q), kc, vc, bt, cl, qsl,
+                                          1 / math.sqrt(HD), k_scale=one, v_scale=one).float()  # fmt: skip
+    for row in rows[-len(t) :]:
+        if math.isfinite(row["ms"]):
+            params = next(v for v in FP8MMA_VARIANTS if v.name == row["tactic"]).as_dict()
+            out = f8mma.decode_fp8mma(*args, **params).float()
+            row["rel_err_vs_rounded_queries"] = float((out - ref).norm() / ref.norm())
+    print(f"B={B} ctx={ctx}: fp8mma best {t[0][0].name} {t[0][1] * 1e3:.1f} us")
 
 
 def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=None, bound=None):
@@ -124,6 +159,8 @@ def main() -> None:
     gemms(rows, bw, PREFILL_ROWS, args.reps)  # a full prefill chunk (max_num_tokens 8,192)
     for B, ctx, M in () if args.gemms_only else POINTS:
         attn = {kv: attention(rows, bw, B, ctx, kv, args.reps, launched=M) for kv in KV_KINDS}
+        if M == B:
+            attention_fp8mma(rows, bw, B, ctx, args.reps)
         g = gemm_ms[M]
         layer_fp8 = sum(g[(n, "fp8_quantize_cublaslt")] for n in LAYER_GEMMS)
         layer_fast = sum(g[(n, "fp8_quantize_cublaslt_fast_accum")] for n in LAYER_GEMMS)

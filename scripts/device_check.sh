@@ -18,8 +18,9 @@
 #            block size)                                                                  ~2 min per size
 #   fp8gemv  the FP8 GEMM tactics at batch 1 (CUDA-core and tensor-core GEMVs, cuBLASLt) per
 #            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
-#   batch    large-batch decode: attention and GEMMs at the throughput points, and 128/128's
-#            attention in a 4,096-key graph's split grid (batch_decode.json)             ~2.5 min
+#   batch    large-batch decode: attention and GEMMs at the throughput points, the FP8-MMA
+#            decode experiment beside them, and 128/128's attention in a 4,096-key graph's
+#            split grid (batch_decode.json)                                              ~3 min
 #   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
 #            batches and at 8,192 rows (batch_gemms.json)                               ~40 s
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
@@ -92,7 +93,7 @@ for stage in "${@:-tests}"; do
         > "$OUT/bench_fp8_gemv.log" 2>&1 || rc=1
       tail -12 "$OUT/bench_fp8_gemv.log" ;;
     batch)
-      timeout 200 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
+      timeout 260 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
       tail -8 "$OUT/batch_decode.log" ;;
     gemms)

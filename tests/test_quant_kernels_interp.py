@@ -900,6 +900,28 @@ else:
         assert rel_err(out, ref) < 5e-3 < rel_err(out, plain)
         assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
 
+    @pytest.mark.parametrize("block_n", [16, 32])
+    def test_decode_fp8mma_experiment_within_fp8_error_of_the_rounded_query_reference(block_n):
+        """triton_decode_fp8mma (EXPERIMENT: both dots on FP8 tensor cores, swapped so that a
+        GQA group is wgmma's N): near the reference on FP8-rounded queries though P is
+        rounded too, and farther from plain queries'; contexts of one key, of part of a
+        tile, of several blocks."""
+        from ingot.plugins.attention import triton_decode_fp8mma as f8mma
+
+        torch.manual_seed(23)
+        ctx = [37, 60, 1, 20]
+        q, kc, vc, bt, cl, qsl, sc = _kv_batch([1] * len(ctx), ctx, torch.float16, "fp8")
+        q = q * 4
+        ref = attn_ref.paged_attention(attn_ref.fp8_query_rows(q), kc, vc, bt, cl, qsl,
+                                       HD**-0.5, **sc)  # fmt: skip
+        plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+        out = f8mma.decode_fp8mma(q, kc, vc, bt, cl, HD**-0.5, sc["k_scale"], sc["v_scale"],
+                                  block_n=block_n)  # fmt: skip
+        assert out.dtype == q.dtype and torch.isfinite(out).all()
+        # (measured: 3.0e-3 / 3.5e-3 against the rounded-query reference, P's rounding; 2.8e-2
+        # against plain queries, about what the queries' rounding moves the reference)
+        assert rel_err(out, ref) < 1e-2 < rel_err(out, plain)
+
     @pytest.mark.parametrize("kind", KV_KINDS[1:])
     def test_paged_attention_fp8_queries_experiment_rounds_prefill_rows_only(kind, monkeypatch):
         """INGOT_FP8_QUERIES=1 (an A/B switch): paged_attention's prefill kernel runs with

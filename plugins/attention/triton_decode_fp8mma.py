@@ -1,0 +1,153 @@
+"""EXPERIMENT, not an engine path yet: decode attention over an FP8 KV cache with both dots on
+FP8 tensor cores, for large batches (one program per sequence x kv head, no context split).
+
+Why: the decode kernel (triton_decode.py) converts every FP8 K and V element to fp16 before its
+dots, and reads V for the second dot from shared memory a byte at a time; its loop issues ~3x
+the instructions per byte of a BF16 cache's and reads the cache at 57-75% of the copy
+bandwidth (H200, docs/performance.md 2026-12-03), against 86-100% for BF16. Triton runs an
+FP8 dot on tensor cores only as a Hopper wgmma, whose M is at least 64, and a GQA group has 4
+queries; so both dots are swapped ("S^T = K Q^T", "O^T = V^T P^T"): M is the key tile or the
+head dim, N the group (padded to 16), and both operands are K-major as FP8 wgmma needs: K's
+rows hold the head dim, and FP8 pools keep V transposed per block (tokens contiguous).
+
+What it costs in precision: each query row is rounded to FP8 with its own scale
+(triton_prefill.fp8_query, the prefill's fp8_queries), and the probabilities P (in [0, 1],
+times 448) are rounded to FP8 before the second dot. The reference for the first part is
+reference.paged_attention on fp8_query_rows(q); the second adds its own error (measured in
+tests/test_quant_kernels_interp.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant.triton_quantize import to_fp8
+from .layout import check_kv_layout
+from .triton_prefill import fp8_query
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tile(q8, qscale, m_i, l_i, acc, n0, ctx, bt_row, kc_ptr, vc_ptr, h, s_blk, s_tok, s_h,
+          sv_blk, sv_h, BS: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
+          MASKED: tl.constexpr):  # fmt: skip
+    """Keys n0 .. n0 + BLOCK_N - 1 into the running softmax (m_i, l_i) and O^T (acc). MASKED:
+    the context's last, partial tile (byte loads); whole tiles load 16-byte vectors."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HD)
+    nm = n < ctx
+    if MASKED:
+        blk = tl.load(bt_row + n // BS, mask=nm, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + n // BS).to(tl.int64)
+    # each key's first byte in V^T: runs of BS contiguous keys (a block's), from multiples of
+    # BS, so that the V^T tile's dim rows load as vectors
+    kv = tl.max_contiguous(tl.multiple_of(blk * sv_blk + n % BS, BS), BS)
+    k_ptrs = kc_ptr + (blk * s_blk + (n % BS) * s_tok + h * s_h)[:, None] + d[None, :]
+    # V^T [HD, BLOCK_N]: each dim's tokens contiguous within a block (layout.py)
+    v_ptrs = vc_ptr + kv[None, :] + (h * sv_h + d * BS)[:, None]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=nm[:, None], other=0.0)
+        vt = tl.load(v_ptrs, mask=nm[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        vt = tl.load(v_ptrs)
+    s = tl.dot(k, tl.trans(q8)) * qscale[None, :]  # S^T [BLOCK_N, G_PAD], log2 units
+    if MASKED:
+        s = tl.where(nm[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    p = tl.exp2(s - m_new[None, :])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha[None, :] + tl.dot(vt, to_fp8(p * 448.0))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_fp8mma_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    ctx_ptr,
+    out_ptr,
+    scale_log2,
+    G,
+    sqt,
+    sqh,
+    sot,
+    soh,
+    s_blk,
+    s_tok,
+    s_h,
+    sv_blk,
+    sv_h,
+    s_bt,
+    BS: tl.constexpr,
+    HD: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, HD)
+    gm = g < G
+    q = tl.load(q_ptr + b.to(tl.int64) * sqt + (h * G + g)[:, None] * sqh + d[None, :],
+                mask=gm[:, None], other=0.0)  # fmt: skip
+    # q8 [G_PAD, HD] and a softmax scale per query (its rounding scale and K's folded in)
+    q8, qscale = fp8_query(q, scale_log2 * tl.load(ks_ptr))
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([HD, G_PAD], tl.float32)  # O^T
+    bt_row = bt_ptr + b.to(tl.int64) * s_bt
+    whole = ctx // BLOCK_N * BLOCK_N
+    for n0 in range(0, whole, BLOCK_N):
+        m_i, l_i, acc = _tile(q8, qscale, m_i, l_i, acc, n0, ctx, bt_row, kc_ptr, vc_ptr, h,
+                              s_blk, s_tok, s_h, sv_blk, sv_h, BS, HD, BLOCK_N, False)  # fmt: skip
+    if whole < ctx:
+        m_i, l_i, acc = _tile(q8, qscale, m_i, l_i, acc, whole, ctx, bt_row, kc_ptr, vc_ptr, h,
+                              s_blk, s_tok, s_h, sv_blk, sv_h, BS, HD, BLOCK_N, True)  # fmt: skip
+    o = acc * (tl.load(vs_ptr) / (l_i * 448.0))[None, :]  # [HD, G_PAD]
+    tl.store(out_ptr + b.to(tl.int64) * sot + (h * G + g)[None, :] * soh + d[:, None],
+             o.to(out_ptr.dtype.element_ty), mask=gm[None, :])  # fmt: skip
+
+
+def decode_fp8mma(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    *,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query per sequence: q [B, Hq, hd] bf16/fp16 -> [B, Hq, hd] in q's dtype, over an
+    FP8 cache whose V is transposed per block (layout.py), context_lens[b] keys each."""
+    B, hq, hd = q.shape
+    hkv = k_cache.shape[2]
+    if not check_kv_layout(k_cache, v_cache, "decode_fp8mma"):
+        raise ValueError("decode_fp8mma: needs an FP8 pool's transposed V (layout.py)")
+    out = torch.empty_like(q) if out is None else out
+    g = hq // hkv
+    _decode_fp8mma_kernel[(B, hkv)](
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, out,
+        float(scale) * LOG2E, g, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+        v_cache.stride(2), block_tables.stride(0),
+        BS=k_cache.shape[1], HD=hd, G_PAD=max(16, triton.next_power_of_2(g)), BLOCK_N=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
