@@ -67,32 +67,10 @@ def _tile(q8, qscale, m_i, l_i, acc, n0, ctx, bt_row, kc_ptr, vc_ptr, h, s_blk, 
 
 
 @triton.jit
-def _decode_fp8mma_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    ks_ptr,
-    vs_ptr,
-    bt_ptr,
-    ctx_ptr,
-    out_ptr,
-    scale_log2,
-    G,
-    sqt,
-    sqh,
-    sot,
-    soh,
-    s_blk,
-    s_tok,
-    s_h,
-    sv_blk,
-    sv_h,
-    s_bt,
-    BS: tl.constexpr,
-    HD: tl.constexpr,
-    G_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _decode_fp8mma_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, out_ptr,
+                          scale_log2, G, sqt, sqh, sot, soh, s_blk, s_tok, s_h, sv_blk, sv_h,
+                          s_bt, BS: tl.constexpr, HD: tl.constexpr, G_PAD: tl.constexpr,
+                          BLOCK_N: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
