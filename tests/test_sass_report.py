@@ -102,3 +102,29 @@ def test_v_segments_store_whole_windows_16_bytes_at_a_time():
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     stores = re.findall(r"st\.global\.[\w.]+", ptx)
     assert "st.global.v4.b32" in stores and "st.global.b8" in stores, sorted(set(stores))
+
+
+def test_fp8mma_decode_experiment_runs_both_dots_on_fp8_wgmma():
+    """plugins/attention/triton_decode_fp8mma.py compiled for sm_90 at Llama-3.1-8B shapes (a
+    GQA group of 4, head dim 128, 32-token blocks): both dots are e4m3 wgmma (the reason for
+    the swapped operands; an M of 16 would upcast to fp16 mma.sync), without spilling; the
+    whole tiles' V^T loads are 16-byte vectors (the tail tile's, byte by byte)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from ingot.plugins.attention import triton_decode_fp8mma as f8mma
+
+    mod = _script()
+    ptrs = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
+            "vs_ptr": "*fp32", "bt_ptr": "*i32", "ctx_ptr": "*i32", "out_ptr": "*bf16"}  # fmt: skip
+    const = {"BS": 32, "HD": 128, "G_PAD": 16, "BLOCK_N": 64}
+    src = mod.kernel_source(f8mma._decode_fp8mma_kernel, ptrs, const)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    mmas = re.findall(r"wgmma\.mma_async[\w.]*", ptx)
+    assert mmas and all(m.endswith(".e4m3.e4m3") for m in mmas), sorted(set(mmas))
+    assert not re.search(r"mma\.sync", ptx)
+    assert "ld.global.v4.b32" in ptx
+    assert mod.resources(k.asm["cubin"])["stack"] == 0
