@@ -89,20 +89,27 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     assert strict_agreement(serve_staggered(gpu, prompts, NEW, cuda_graphs=False), on_gpu) >= 0.95
 
 
-def test_fp8_queries_experiment_engine_agrees_with_cpu_engine(tmp_path, monkeypatch):
-    """INGOT_FP8_QUERIES=1 (plugins/attention/triton_decode.py, an A/B switch): a GPU FP8 engine
-    whose prompts' Q.K run in FP8 still gives the CPU engine's greedy tokens on >= 95% of steps
-    (through graphs and eager steps), and its prefill kernel did run with fp8_queries."""
+def _fp8_engines(tmp_path):
+    """A tiny Llama's FP8 (W8A8, FP8 KV) checkpoint built as a CPU and a GPU engine."""
     from ingot.compiler.examples import make_tiny_hf_model
-    from ingot.plugins.attention import triton_decode as dec
 
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs SM >= 89")
     hf = train_next_token_map(make_tiny_hf_model("llama", tmp_path / "hf", seed=4, **SIZES))
     opts = QuantOptions("fp8", "fp8", calib_size=8, calib_max_seq_len=64, device="cpu")
     ckpt = convert_checkpoint(hf, tmp_path / "ckpt", dtype="bfloat16", quant=opts)
     cpu = build_engine(ckpt, tmp_path / "cpu", target="cpu", overrides=BUILD)
     gpu = build_engine(ckpt, tmp_path / "gpu", target="auto", overrides=BUILD, tactics="default")
+    return cpu, gpu
+
+
+def test_fp8_queries_experiment_engine_agrees_with_cpu_engine(tmp_path, monkeypatch):
+    """INGOT_FP8_QUERIES=1 (plugins/attention/triton_decode.py, an A/B switch): a GPU FP8 engine
+    whose prompts' Q.K run in FP8 still gives the CPU engine's greedy tokens on >= 95% of steps
+    (through graphs and eager steps), and its prefill kernel did run with fp8_queries."""
+    from ingot.plugins.attention import triton_decode as dec
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs SM >= 89")
+    cpu, gpu = _fp8_engines(tmp_path)
     calls = []
     launch = dec.launch_prefill
 
@@ -116,6 +123,34 @@ def test_fp8_queries_experiment_engine_agrees_with_cpu_engine(tmp_path, monkeypa
     on_gpu = serve_staggered(gpu, prompts, NEW)
     assert any(calls) and all(calls), calls
     monkeypatch.delenv(dec.FP8_QUERIES_ENV)
+    on_cpu = serve_staggered(cpu, prompts, NEW)
+    assert strict_agreement(on_gpu, on_cpu) >= 0.95, (on_gpu, on_cpu)
+
+
+def test_fp8mma_decode_experiment_engine_agrees_with_cpu_engine(tmp_path, monkeypatch):
+    """INGOT_FP8MMA_DECODE=1 (plugins/attention/triton_decode.py, an A/B switch; its row
+    threshold lowered so that the tiny model's batches reach it): a GPU FP8 engine whose decode
+    attention runs both dots in FP8 still gives the CPU engine's greedy tokens on >= 95% of
+    steps, through graphs and eager steps, and the experiment's kernel did run."""
+    from ingot.plugins.attention import triton_decode as dec
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("FP8 wgmma needs SM >= 90")
+    cpu, gpu = _fp8_engines(tmp_path)
+    calls = []
+    kernel = dec.decode_fp8mma
+
+    def spy(q, *args, **kw):
+        calls.append(q.shape[0])
+        return kernel(q, *args, **kw)
+
+    monkeypatch.setattr(dec, "decode_fp8mma", spy)
+    monkeypatch.setattr(dec, "LARGE_BATCH_ROWS", 2)
+    monkeypatch.setenv(dec.FP8MMA_ENV, "1")
+    prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=9)
+    on_gpu = serve_staggered(gpu, prompts, NEW)
+    assert calls, "the FP8-MMA decode never ran"
+    monkeypatch.delenv(dec.FP8MMA_ENV)
     on_cpu = serve_staggered(cpu, prompts, NEW)
     assert strict_agreement(on_gpu, on_cpu) >= 0.95, (on_gpu, on_cpu)
 

@@ -922,6 +922,45 @@ else:
         # against plain queries, about what the queries' rounding moves the reference)
         assert rel_err(out, ref) < 1e-2 < rel_err(out, plain)
 
+    def test_paged_attention_fp8mma_experiment_takes_large_decode_launches_only(monkeypatch):
+        """INGOT_FP8MMA_DECODE (an A/B switch): paged_attention's decode launches of at least
+        LARGE_BATCH_ROWS rows (lowered here) run triton_decode_fp8mma, the same bits as it
+        alone (the FP8 output too); a decode-only step, a mixed step's trailing decodes;
+        not with a window, not below the rows, not without the variable."""
+        from ingot.plugins.attention import triton_decode_fp8mma as f8mma
+
+        torch.manual_seed(29)
+        monkeypatch.setattr(dec, "LARGE_BATCH_ROWS", 6)
+        fn = dec.make_paged_attention(None)
+        ctx = [9, 40, 17, 3]
+        q, kc, vc, bt, cl, qsl, sc = _kv_batch([1] * 4, ctx, torch.float16, "fp8")
+        os_ = torch.tensor(0.02)
+        alone = f8mma.decode_fp8mma(q, kc, vc, bt, cl, HD**-0.5, sc["k_scale"], sc["v_scale"])
+        alone_q = f8mma.decode_fp8mma(q, kc, vc, bt, cl, HD**-0.5, sc["k_scale"],
+                                      sc["v_scale"], out_scale=os_)  # fmt: skip
+        plain = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=1, **sc)
+        monkeypatch.setenv(dec.FP8MMA_ENV, "1")
+        out = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=1, **sc)  # 4 x 2 rows >= 6
+        assert torch.equal(out, alone) and not torch.equal(out, plain)
+        out_q = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=1, out_scale=os_, **sc)
+        assert same_bits(out_q, alone_q) and same_bits(alone_q, qref.quantize_fp8(alone, os_))
+        windowed = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, 5, max_query_len=1, **sc)
+        assert torch.equal(windowed, dec.make_paged_attention(None)(
+            q, kc, vc, bt, cl, qsl, HD**-0.5, 5, max_query_len=1, **sc))  # fmt: skip
+        # a mixed step: a 5-token chunk, then 3 decodes (6 rows) and then 2 (4 rows, too few)
+        for nd in (3, 2):
+            new = [5] + [1] * nd
+            qm, kcm, vcm, btm, clm, qslm, scm = _kv_batch(new, [30] + ctx[:nd], torch.float16,
+                                                           "fp8")  # fmt: skip
+            kw = dict(max_query_len=5, num_decodes=nd, **scm)
+            mixed = fn(qm, kcm, vcm, btm, clm, qslm, HD**-0.5, **kw)
+            dec_rows = f8mma.decode_fp8mma(qm[5:], kcm, vcm, btm[1:], clm[1:], HD**-0.5,
+                                           scm["k_scale"], scm["v_scale"])  # fmt: skip
+            assert torch.equal(mixed[5:], dec_rows) == (nd == 3), nd
+            monkeypatch.delenv(dec.FP8MMA_ENV)
+            assert torch.equal(fn(qm, kcm, vcm, btm, clm, qslm, HD**-0.5, **kw)[:5], mixed[:5])
+            monkeypatch.setenv(dec.FP8MMA_ENV, "1")
+
     @pytest.mark.parametrize("kind", KV_KINDS[1:])
     def test_paged_attention_fp8_queries_experiment_rounds_prefill_rows_only(kind, monkeypatch):
         """INGOT_FP8_QUERIES=1 (an A/B switch): paged_attention's prefill kernel runs with

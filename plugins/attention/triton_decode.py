@@ -42,8 +42,9 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
-from .layout import SHORT_CONTEXT, check_kv_layout
+from .layout import SHORT_CONTEXT, check_kv_layout, is_transposed
 from .reference import ANY_DECODES, check_new_v, decode_rows
+from .triton_decode_fp8mma import decode_fp8mma
 from .triton_prefill import (
     LOG2E,
     PREFILL_TACTICS,
@@ -723,6 +724,25 @@ def make_decode_attention(tactic: Tactic | None = None):
 # prefill_seqs); the routes stay as they are. CPU engines (the reference) ignore it, and engines
 # built without it compile the kernel variant at first use.
 FP8_QUERIES_ENV = "INGOT_FP8_QUERIES"
+# EXPERIMENT, an A/B switch as the one above: with INGOT_FP8MMA_DECODE=1 an FP8-cache engine's
+# large-batch decode launches (at least LARGE_BATCH_ROWS sequences x kv heads, V transposed, no
+# window, the engine storing V itself) run triton_decode_fp8mma (both dots in FP8, queries and P
+# rounded) instead of the decode kernel; "n64_w4_s2"-style values pick its variant.
+FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
+
+
+def _fp8mma_variant(rows: int, k_scale, v_cache, window: int, new_v) -> dict | None:
+    """The FP8-MMA experiment's launch parameters for a decode launch, or None to run the
+    decode kernel (FP8MMA_ENV unset, or a launch it does not take)."""
+    value = os.environ.get(FP8MMA_ENV)
+    if not value or k_scale is None or window or new_v is not None or rows < LARGE_BATCH_ROWS:
+        return None
+    if not is_transposed(v_cache):
+        return None
+    if value == "1":
+        return {}
+    n, w, st = (int(x[1:]) for x in value.split("_"))
+    return {"block_n": n, "num_warps": w, "num_stages": st}
 
 
 def make_paged_attention(tactic: Tactic | None = None):
@@ -800,6 +820,10 @@ def make_paged_attention(tactic: Tactic | None = None):
             return out
         if nd == B:
             bound = int(max_context_len or table_len)
+            f8 = _fp8mma_variant(B * hkv, k_scale, v_cache, window, new_v)
+            if f8 is not None:
+                return decode_fp8mma(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                     k_scale, v_scale, out=out, out_scale=out_scale, **f8)  # fmt: skip
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window, bound, out,
                 decode_params(B * hkv, bound), k_scale, v_scale, out_scale=out_scale, new_v=new_v,
@@ -812,7 +836,12 @@ def make_paged_attention(tactic: Tactic | None = None):
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
             pf_params, k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
         )  # fmt: skip
-        if nd:
+        f8 = _fp8mma_variant(nd * hkv, k_scale, v_cache, window, new_v) if nd else None
+        if f8 is not None:
+            decode_fp8mma(q[T - nd :], k_cache, v_cache, block_tables[B - nd :],
+                          context_lens[B - nd :], scale, k_scale, v_scale, out=out[T - nd :],
+                          out_scale=out_scale, **f8)  # fmt: skip
+        elif nd:
             # NOTE: split as the decode graphs do (the table's width): the same binaries
             launch_decode(
                 q[T - nd :], k_cache, v_cache, block_tables, context_lens, scale, window,

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..quant.triton_quantize import to_fp8
 from .layout import check_kv_layout
-from .triton_prefill import fp8_query
+from .triton_prefill import fp8_query, out_values
 
 LOG2E = 1.4426950408889634
 
@@ -68,9 +68,9 @@ def _tile(q8, qscale, m_i, l_i, acc, n0, ctx, bt_row, kc_ptr, vc_ptr, h, s_blk, 
 
 @triton.jit
 def _decode_fp8mma_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, out_ptr,
-                          scale_log2, G, sqt, sqh, sot, soh, s_blk, s_tok, s_h, sv_blk, sv_h,
-                          s_bt, BS: tl.constexpr, HD: tl.constexpr, G_PAD: tl.constexpr,
-                          BLOCK_N: tl.constexpr):  # fmt: skip
+                          os_ptr, scale_log2, G, sqt, sqh, sot, soh, s_blk, s_tok, s_h, sv_blk,
+                          sv_h, s_bt, BS: tl.constexpr, HD: tl.constexpr, G_PAD: tl.constexpr,
+                          BLOCK_N: tl.constexpr, QUANT_OUT: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
@@ -94,7 +94,7 @@ def _decode_fp8mma_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr
                               s_blk, s_tok, s_h, sv_blk, sv_h, BS, HD, BLOCK_N, True)  # fmt: skip
     o = acc * (tl.load(vs_ptr) / (l_i * 448.0))[None, :]  # [HD, G_PAD]
     tl.store(out_ptr + b.to(tl.int64) * sot + (h * G + g)[None, :] * soh + d[:, None],
-             o.to(out_ptr.dtype.element_ty), mask=gm[None, :])  # fmt: skip
+             out_values(o, q_ptr, out_ptr, os_ptr, QUANT_OUT), mask=gm[None, :])  # fmt: skip
 
 
 def decode_fp8mma(
@@ -111,21 +111,24 @@ def decode_fp8mma(
     num_warps: int = 4,
     num_stages: int = 2,
     out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence: q [B, Hq, hd] bf16/fp16 -> [B, Hq, hd] in q's dtype, over an
-    FP8 cache whose V is transposed per block (layout.py), context_lens[b] keys each."""
+    FP8 cache whose V is transposed per block (layout.py), context_lens[b] keys each.
+    out_scale: the output quantized to FP8 with it, as paged_attention's."""
     B, hq, hd = q.shape
     hkv = k_cache.shape[2]
     if not check_kv_layout(k_cache, v_cache, "decode_fp8mma"):
         raise ValueError("decode_fp8mma: needs an FP8 pool's transposed V (layout.py)")
-    out = torch.empty_like(q) if out is None else out
+    if out is None:
+        out = torch.empty_like(q, dtype=q.dtype if out_scale is None else torch.float8_e4m3fn)
     g = hq // hkv
     _decode_fp8mma_kernel[(B, hkv)](
-        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, out,
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, out, out_scale,
         float(scale) * LOG2E, g, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
         v_cache.stride(2), block_tables.stride(0),
         BS=k_cache.shape[1], HD=hd, G_PAD=max(16, triton.next_power_of_2(g)), BLOCK_N=block_n,
-        num_warps=num_warps, num_stages=num_stages,
+        QUANT_OUT=out_scale is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
