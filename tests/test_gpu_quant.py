@@ -535,23 +535,29 @@ def test_fp8_prefill_with_fp8_queries(tactic, bs):
 @needs_fp8
 @pytest.mark.parametrize("variant", [(64, 4, 2), (128, 8, 2)], ids=str)
 @pytest.mark.parametrize("bs", [16, 32])
-def test_decode_fp8mma_experiment_near_the_rounded_query_reference(variant, bs):
-    """triton_decode_fp8mma (EXPERIMENT: both dots on FP8 wgmma, swapped): near the reference
-    on FP8-rounded queries though P is rounded too, and nearer to it than to unrounded
-    queries'; contexts of one key, around a tile and of many blocks."""
+def test_decode_fp8mma_experiment_precision(variant, bs):
+    """triton_decode_fp8mma (EXPERIMENT: both dots on FP8 wgmma, swapped), contexts of one key,
+    around a tile and of many blocks. Queries and P rounded once: near the reference on
+    rounded queries. In two FP8 terms each (the default): near the reference itself, and at
+    most half as far from it as rounded once; the FP8 output too."""
     from ingot.plugins.attention import triton_decode_fp8mma as f8mma
 
     ctx = [1, 63, 64, 65, 300, 1100]
     kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
     qsl = torch.arange(len(ctx) + 1, device=DEV).int()
     q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16) * 3
-    ref = attn_ref.paged_attention(attn_ref.fp8_query_rows(q), kc, vc, bt, cl, qsl, HD**-0.5,
-                                   **sc)  # fmt: skip
-    plain = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, **sc)
+    rounded = attn_ref.paged_attention(attn_ref.fp8_query_rows(q), kc, vc, bt, cl, qsl,
+                                       HD**-0.5, **sc)  # fmt: skip
     n, w, st = variant
-    out = f8mma.decode_fp8mma(q, kc, vc, bt, cl, HD**-0.5, sc["k_scale"], sc["v_scale"],
-                              block_n=n, num_warps=w, num_stages=st)  # fmt: skip
-    assert rel_err(out, ref) < min(2e-2, 0.5 * rel_err(out, plain))
+    args = (q, kc, vc, bt, cl, HD**-0.5, sc["k_scale"], sc["v_scale"])
+    kw = {"block_n": n, "num_warps": w, "num_stages": st}
+    once = f8mma.decode_fp8mma(*args, two_term=False, **kw)
+    two = f8mma.decode_fp8mma(*args, **kw)
+    assert rel_err(once, rounded) < 2e-2
+    assert rel_err(two, ref) < min(1e-2, 0.5 * rel_err(once, ref))
+    os_ = torch.tensor(0.02, device=DEV)
+    assert same_bits(f8mma.decode_fp8mma(*args, out_scale=os_, **kw), qref.quantize_fp8(two, os_))
 
 
 @needs_fp8

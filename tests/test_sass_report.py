@@ -119,7 +119,8 @@ def test_fp8mma_decode_experiment_runs_both_dots_on_fp8_wgmma():
     mod = _script()
     ptrs = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
             "vs_ptr": "*fp32", "bt_ptr": "*i32", "ctx_ptr": "*i32", "out_ptr": "*fp8e4nv"}  # fmt: skip
-    const = {"BS": 32, "HD": 128, "G_PAD": 16, "BLOCK_N": 64, "QUANT_OUT": True}
+    const = {"BS": 32, "HD": 128, "G_PAD": 16, "BLOCK_N": 64, "QUANT_OUT": True,
+             "TWO_TERM": True}  # fmt: skip
     ptrs["os_ptr"] = "*fp32"  # the FP8 o projection's input, as FP8 engines launch it
     src = mod.kernel_source(f8mma._decode_fp8mma_kernel, ptrs, const)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

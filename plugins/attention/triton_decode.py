@@ -726,8 +726,9 @@ def make_decode_attention(tactic: Tactic | None = None):
 FP8_QUERIES_ENV = "INGOT_FP8_QUERIES"
 # EXPERIMENT, an A/B switch as the one above: with INGOT_FP8MMA_DECODE=1 an FP8-cache engine's
 # large-batch decode launches (at least LARGE_BATCH_ROWS sequences x kv heads, V transposed, no
-# window, the engine storing V itself) run triton_decode_fp8mma (both dots in FP8, queries and P
-# rounded) instead of the decode kernel; "n64_w4_s2"-style values pick its variant.
+# window, the engine storing V itself) run triton_decode_fp8mma (both dots on FP8 tensor cores,
+# the queries and P in two FP8 terms each) instead of the decode kernel; values like
+# "n64_w4_s2" pick its variant, and "n64_w4_s2_x1" rounds the queries and P once.
 FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
 
 
@@ -741,8 +742,8 @@ def _fp8mma_variant(rows: int, k_scale, v_cache, window: int, new_v) -> dict | N
         return None
     if value == "1":
         return {}
-    n, w, st = (int(x[1:]) for x in value.split("_"))
-    return {"block_n": n, "num_warps": w, "num_stages": st}
+    n, w, st, *terms = (int(x[1:]) for x in value.split("_"))
+    return {"block_n": n, "num_warps": w, "num_stages": st, "two_term": terms != [1]}
 
 
 def make_paged_attention(tactic: Tactic | None = None):

@@ -84,12 +84,19 @@ def fp8_query(q, scale_log2):
     (the reference's `fp8_query_rows`, bit for bit), so that the Q.K dot runs on FP8 tensor
     cores straight from the cache's FP8 K; the row's scale amax / 448 joins the softmax scale,
     which becomes one per row ([BLOCK_M]). Two divisions a row, a multiply an element."""
+    qs, row_scale = fp8_query_scaled(q, scale_log2)
+    return to_fp8(qs), row_scale
+
+
+@triton.jit
+def fp8_query_scaled(q, scale_log2):
+    """fp8_query before its rounding: each row times 448 / amax (fp32), and the row scales."""
     qf = q.to(tl.float32)
     amax = tl.max(tl.abs(qf), axis=1)
     big = amax > 1e-30  # (448 / amax overflows below ~1e-36: such a row stays unscaled)
     inv = tl.where(big, tl.math.div_rn(448.0, tl.maximum(amax, 1e-30)), 1.0)
     sq = tl.where(big, tl.math.div_rn(amax, 448.0), 1.0)
-    return to_fp8(qf * inv[:, None]), scale_log2 * sq
+    return qf * inv[:, None], scale_log2 * sq
 
 
 @triton.jit
