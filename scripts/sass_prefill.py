@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import re
 
-import triton
-from sass_report import cli, kernel_source, resources
-from triton.backends.compiler import GPUTarget
+from sass_report import cli, compile_sm90, kernel_source, resources
 from triton.compiler import ASTSource
 
 from ingot.plugins.attention import triton_prefill as pf
@@ -49,10 +47,10 @@ def report(tactics=TACTICS) -> list[dict]:
     for t in (x for x in pf.PREFILL_TACTICS if x.name in tactics):
         p = t.as_dict()
         for fp8_qk in (False, True):
-            k = triton.compile(
+            k = compile_sm90(
                 _source(fp8_qk, int(p["block_m"]), int(p["block_n"])),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": int(p["num_warps"]), "num_stages": int(p["num_stages"])},
+                num_warps=int(p["num_warps"]),
+                num_stages=int(p["num_stages"]),
             )
             row = {"tactic": t.name, "fp8_queries": fp8_qk, "shared_bytes": k.metadata.shared}
             row |= {n: len(re.findall(pat, k.asm["ptx"])) for n, pat in PTX_COUNTS.items()}

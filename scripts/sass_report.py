@@ -75,6 +75,11 @@ def kernel_source(fn, ptrs: dict[str, str], const: dict) -> ASTSource:
     return ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
 
 
+def compile_sm90(src: ASTSource, **options):
+    """`src` compiled for sm_90 (H100/H200) with Triton's own ptxas: no GPU needed."""
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def resources(cubin: bytes) -> dict:
     """REG / STACK / SHARED per cuobjdump, and the SASS instruction count."""
     with tempfile.TemporaryDirectory() as d:
@@ -104,8 +109,7 @@ def report(
                 block_n = min(int(p["block_n"]), int(p["partition"]))
                 src = _source(cache == "fp8", nv, block_n, warps,
                               dec.split_min_keys(p, block_n), qr)  # fmt: skip
-                k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+                k = compile_sm90(src, num_warps=warps, num_stages=stages)
                 row = {"tactic": tactic.name, "cache": cache, "new_v": nv, "qsl_rows": qr,
                        "shared_bytes": k.metadata.shared, **resources(k.asm["cubin"])}  # fmt: skip
                 # programs per SM the registers allow (allocated per warp in units of 256)

@@ -19,8 +19,7 @@ import tempfile
 from pathlib import Path
 
 import triton
-from sass_report import _BIN, cli
-from triton.backends.compiler import GPUTarget
+from sass_report import _BIN, cli, compile_sm90
 from triton.compiler import ASTSource
 
 from ingot.plugins.quant import triton_w4a16 as tw
@@ -55,7 +54,7 @@ def _compile(fn, const: dict, opts: dict):
     idx = fn.arg_names.index
     attrs = {(idx(a),): [["tt.divisibility", 16]] for a in (*_PTRS, "KB", "sxm", "som")}
     src = ASTSource(fn, sig, {(idx(k),): v for k, v in const.items()}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return compile_sm90(src, **opts)
 
 
 def loop_body(cubin: bytes, steady: bool = False) -> tuple[list[str], int]:

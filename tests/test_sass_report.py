@@ -90,16 +90,13 @@ def test_v_segments_store_whole_windows_16_bytes_at_a_time():
     holds the bytes; the `step` benchmark's "packed runs" the speed)."""
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from ingot.plugins.attention import triton_kv_write as kv_write
 
     mod = _script()
     ptrs = {"v_ptr": "*bf16", "vc_ptr": "*fp8e4nv", "slot_ptr": "*i32", "vs_ptr": "*fp32"}
     const = {"BS": 32, "SEG": 32, "D_PAD": 128, "KV_FP8": True, "PDL": False}
     src = mod.kernel_source(kv_write._v_segments_kernel, ptrs, const)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = mod.compile_sm90(src, num_warps=4).asm["ptx"]
     stores = re.findall(r"st\.global\.[\w.]+", ptx)
     assert "st.global.v4.b32" in stores and "st.global.b8" in stores, sorted(set(stores))
 
@@ -111,9 +108,6 @@ def test_fp8mma_decode_experiment_runs_both_dots_on_fp8_wgmma():
     whole tiles' V^T loads are 16-byte vectors (the tail tile's, byte by byte)."""
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from ingot.plugins.attention import triton_decode_fp8mma as f8mma
 
     mod = _script()
@@ -123,7 +117,7 @@ def test_fp8mma_decode_experiment_runs_both_dots_on_fp8_wgmma():
              "TWO_TERM": True}  # fmt: skip
     ptrs["os_ptr"] = "*fp32"  # the FP8 o projection's input, as FP8 engines launch it
     src = mod.kernel_source(f8mma._decode_fp8mma_kernel, ptrs, const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    k = mod.compile_sm90(src, num_warps=4)
     ptx = k.asm["ptx"]
     mmas = re.findall(r"wgmma\.mma_async[\w.]*", ptx)
     assert mmas and all(m.endswith(".e4m3.e4m3") for m in mmas), sorted(set(mmas))

@@ -27,9 +27,7 @@ import triton.language as tl
 
 from ..quant.triton_quantize import to_fp8
 from .layout import check_kv_layout
-from .triton_prefill import fp8_query_scaled, out_values
-
-LOG2E = 1.4426950408889634
+from .triton_prefill import LOG2E, fp8_query_scaled, out_values
 
 
 @triton.jit
