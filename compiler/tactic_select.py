@@ -317,14 +317,18 @@ def timed_choices(
         batch = min(build.max_batch_size, 128)
         if batch * model.num_kv_heads < LARGE_BATCH_ROWS:
             return None, []
-        # (batch, real rows, context): a middle batch, and the largest bucket up to 512 filled
-        # to 7/8 at a long context (its padding rows decide the split plan, as in the graphs)
+        # (batch, real rows, context): a middle batch; the largest bucket up to 512 filled to
+        # 7/8 at a long context (its padding rows decide the split plan, as in the graphs); and
+        # that bucket full at a short context, where 128/128's decode steps run: the pick of
+        # the first two ran 116 us a layer in that engine on the H100, ~8% slower than the
+        # fastest tactic at 512 x 192 keys in the batch stage (docs/performance.md, 12-06)
         ctx = min(1024, build.max_seq_len)
         shapes_ = {f"b{batch}_ctx{ctx}": (batch, None, ctx)}
         big = min(build.max_batch_size, 512)
         if big > batch:
-            long = min(2048, build.max_seq_len)
+            long, short = min(2048, build.max_seq_len), min(256, build.max_seq_len)
             shapes_[f"b{big}r{big * 7 // 8}_ctx{long}"] = (big, big * 7 // 8, long)
+            shapes_[f"b{big}_ctx{short}"] = (big, None, short)
         by_shape = {
             key: time_tactics(
                 "paged_attention",

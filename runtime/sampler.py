@@ -76,13 +76,29 @@ def _argmax_chunks(vocab: int) -> int:
     return max(c for c in range(1, 257) if vocab % c == 0)
 
 
+@functools.cache
 def aligned_argmax_chunks(vocab: int) -> int:
     """The largest divisor of `vocab` up to 256 whose chunks are whole 16-byte words of bf16
     (vocab // c a multiple of 8; 1 if none): Llama-3's 128,256 gives 167 chunks of 768, where
-    _argmax_chunks gives 256 of 501, an odd row length that may keep the reduction from
-    loading vectors. A candidate for greedy_tokens' `chunks` (scripts/bench_step_kernels.py
-    times both)."""
+    _argmax_chunks gives 256 of 501, an odd row length that keeps the reduction from loading
+    vectors (scripts/bench_step_kernels.py times both)."""
     return max((c for c in range(1, 257) if vocab % c == 0 and vocab // c % 8 == 0), default=1)
+
+
+# Batches of at least this many rows take the aligned chunks when there are as many of them
+# as rows need: as CUDA graphs on the H100, Llama-3's 167 chunks took 33.6 us at 128 rows and
+# 98.6 at 512 against 40.1 and 123.4 for 256 chunks, but 14.0 against 13.4 at one row
+# (step_kernels.json, 2026-12-06). Qwen2's vocabulary has only 16 aligned chunks: not timed,
+# it keeps _argmax_chunks.
+ALIGNED_ARGMAX_ROWS = 128
+
+
+def default_argmax_chunks(rows: int, vocab: int) -> int:
+    """greedy_tokens' chunks for a [rows, vocab] batch of logits."""
+    aligned = aligned_argmax_chunks(vocab)
+    if rows >= ALIGNED_ARGMAX_ROWS and aligned >= ALIGNED_ARGMAX_ROWS:
+        return aligned
+    return _argmax_chunks(vocab)
 
 
 def greedy_tokens(logits: torch.Tensor, chunks: int | None = None) -> torch.Tensor:
@@ -91,10 +107,10 @@ def greedy_tokens(logits: torch.Tensor, chunks: int | None = None) -> torch.Tens
     In two stages, because one row's argmax is a single-block reduction: on the H200 it took
     28 us of a 4.4 ms batch-1 decode step for a 128k vocabulary. The row splits into chunks
     (max and its index per chunk, in parallel), then the first chunk holding the maximum wins.
-    chunks: how many (a divisor of V; default _argmax_chunks).
+    chunks: how many (a divisor of V; default default_argmax_chunks).
     """
     b, v = logits.shape
-    c = _argmax_chunks(v) if chunks is None else chunks
+    c = default_argmax_chunks(b, v) if chunks is None else chunks
     if c == 1:
         return logits.argmax(dim=-1)
     vals, idx = logits.reshape(b, c, v // c).max(dim=-1)  # [B, c] each

@@ -51,7 +51,8 @@ if [[ "$tiny" == "--tiny" ]]; then
 fi
 timings="$out/timings.txt"
 : > "$timings"
-lap() { echo "$1 $(( SECONDS - start ))" >> "$timings"; }
+# laps_utc.txt: when each phase ended, beside device_check.sh's smi.csv (clocks, power)
+lap() { echo "$1 $(( SECONDS - start ))" >> "$timings"; echo "$1 $(date -u +%H:%M:%S)" >> "$out/laps_utc.txt"; }
 
 start=$SECONDS
 python3 - "$work/hf" "$device" "$tiny" <<'PY'
@@ -130,8 +131,10 @@ PY
   # the throughput point $i/$o ($n requests) of this mode's engine into folder $1 (more flags:
   # the rest)
   tput() {
+    echo "start ${1#"$out/"} $(date -u +%H:%M:%S)" >> "$out/laps_utc.txt"
     ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
       --output-len "$o" --num-requests "$n" --force --output-dir "$@"
+    echo "end ${1#"$out/"} $(date -u +%H:%M:%S)" >> "$out/laps_utc.txt"
   }
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
     for shape in ${TPUT_SHAPES:-128x128 2048x128 2048x2048}; do

@@ -45,6 +45,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.csv"
+# smi.csv: SM clock and power every 500 ms through the whole call, stages.txt when each stage
+# began (does an engine's decode run at a lower clock than the kernel benchmarks?)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 500 > "$OUT/smi.csv" 2>/dev/null & smi_all=$!
+trap 'kill $smi_all 2>/dev/null' EXIT
 rc=0
 KERNEL_TESTS="tests/test_gpu_kernels.py tests/test_gpu_gemv.py tests/test_gpu_quant.py"
 E2E_TESTS="tests/test_gpu_e2e.py tests/test_gpu_quant_e2e.py tests/test_aot.py"
@@ -57,6 +62,7 @@ gpu_tests() {  # $1: test paths; $2: log/XML name. Lists failures, then pytest's
   grep -E "FAILED|ERROR" "$OUT/$2.log" | head -20; tail -3 "$OUT/$2.log"
 }
 for stage in "${@:-tests}"; do
+  echo "$(date -u +%Y/%m/%d\ %H:%M:%S) $stage" >> "$OUT/stages.txt"
   case "$stage" in
     tests) gpu_tests "${TESTS:-tests}" gpu_tests ;;
     tests-kernels) gpu_tests "$KERNEL_TESTS" gpu_tests_kernels ;;

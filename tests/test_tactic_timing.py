@@ -313,15 +313,17 @@ def test_padding_rows_of_a_large_batch_timing_shape_hold_one_token():
 
 def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_batch(monkeypatch):
     """An engine of up to 512 sequences times its large-batch decode tactics at 128 x 1,024
-    keys and at a 512-row bucket holding 448 sequences of 2,048 keys, and keeps the one with
-    the lowest sum of relative times: the fastest at the middle batch alone (one split for the
-    padded bucket) is not it when it loses more at the full one."""
+    keys, at a 512-row bucket holding 448 sequences of 2,048 keys and at 512 x 256 keys (the
+    128/128 decode steps), and keeps the one with the lowest sum of relative times: the fastest
+    at the middle batch alone (one split for the padded bucket) is not it when it loses more at
+    the full one, nor is the best of those two when it loses most at short contexts."""
     from ingot.compiler import tactic_select
     from ingot.plugins import all_specs
 
     shapes_seen = []
     t4096 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096")
     t8192 = next(t for t in dec.DECODE_TACTICS if t.name == "p256_n32_w1_s3_t8192_m256")
+    t2048 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w2_s3_t2048")
 
     def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **_):
         # the large-batch inputs' (batch, real, ctx), read without building them (no GPU)
@@ -329,8 +331,9 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
         if factory is not make_decode_attention or not isinstance(cell, tuple):
             return [(c, 1.0 + i) for i, c in enumerate(cands)]
         shapes_seen.append(cell)
-        big = cell[0] == 512
-        times = {t4096.name: 1.30 if big else 1.0, t8192.name: 1.0 if big else 1.05}
+        i = {1024: 0, 2048: 1, 256: 2}[cell[2]]  # middle, padded full, full at short contexts
+        times = {t4096.name: (1.0, 1.30, 1.0)[i], t8192.name: (1.05, 1.0, 1.40)[i],
+                 t2048.name: (1.02, 1.05, 1.05)[i]}  # fmt: skip
         return sorted(((c, times.get(c.name, 2.0)) for c in cands), key=lambda r: r[1])
 
     monkeypatch.setattr(tactics, "time_tactics", fake_time)
@@ -339,8 +342,11 @@ def test_large_batch_decode_tactic_is_picked_over_a_middle_and_a_padded_full_bat
     )
     skip = frozenset(s.name for s in all_specs() if s.name != "paged_attention")
     (choice,) = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip, kv_fp8=True)
-    assert (128, None, 1024) in shapes_seen and (512, 448, 2048) in shapes_seen
-    assert f"+large:{t8192.name}" in choice.tactic
+    assert set(shapes_seen) == {(128, None, 1024), (512, 448, 2048), (512, None, 256)}
+    # sums of relative times: t2048 3.12, t4096 3.30, t8192 3.45 (without the short point
+    # t8192 would win, 2.05 against 2.07)
+    assert f"+large:{t2048.name}" in choice.tactic
+    assert f"{t8192.name}@b512_ctx256" in choice.timings_ms
     assert f"{t4096.name}@b512r448_ctx2048" in choice.timings_ms
 
 
