@@ -65,6 +65,24 @@ def test_large_batches_run_the_large_batch_decode_tactic(monkeypatch):
     assert seen == [small.as_dict()]  # without one, the small-batch tactic serves all
 
 
+def test_large_batch_decode_tactic_override_for_ab_runs(monkeypatch):
+    """INGOT_LARGE_DECODE_TACTIC replaces the large-batch tactic (not the small-batch one) on
+    an engine already built; an unknown name says which are known."""
+    small, large, other = dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2], dec.DECODE_TACTICS[-1]
+    seen = []
+    monkeypatch.setattr(dec, "launch_decode", lambda *a, **kw: seen.append(a[9]))
+    monkeypatch.setenv(dec.LARGE_DECODE_ENV, other.name)
+    fn = dec.make_paged_attention(dec.combine_tactics(small, dec.PREFILL_TACTICS[0], large))
+    shapes = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu")
+    for batch in (1, 128):
+        args, kwargs = shapes.decode_batch(batch, 20, False)
+        fn(*args, max_query_len=1, **kwargs)
+    assert seen == [small.as_dict(), other.as_dict()]
+    monkeypatch.setenv(dec.LARGE_DECODE_ENV, "p1_nope")
+    with pytest.raises(ValueError, match="p128_n32_w1_s3_t4096"):
+        fn(*args, max_query_len=1, **kwargs)
+
+
 def test_short_context_launches_run_the_short_context_decode_tactic(monkeypatch):
     """A paged_attention tactic with a short-context decode tactic launches it for decode
     steps bounded by SHORT_CONTEXT keys (the decode graphs' short tier), and its decode tactic

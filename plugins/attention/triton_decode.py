@@ -730,6 +730,22 @@ FP8_QUERIES_ENV = "INGOT_FP8_QUERIES"
 # the queries and P in two FP8 terms each) instead of the decode kernel; values like
 # "n64_w4_s2" pick its variant, and "n64_w4_s2_x1" rounds the queries and P once.
 FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
+# EXPERIMENT, an A/B switch as the two above: INGOT_LARGE_DECODE_TACTIC=<a DECODE_TACTICS name>
+# replaces the engine's large-batch decode tactic, so two picks are compared on one engine in
+# one device call (the build's pick changes only with a rebuild).
+LARGE_DECODE_ENV = "INGOT_LARGE_DECODE_TACTIC"
+
+
+def _large_decode_override() -> dict | None:
+    """LARGE_DECODE_ENV's tactic params, or None when it is unset."""
+    name = os.environ.get(LARGE_DECODE_ENV)
+    if not name:
+        return None
+    for t in DECODE_TACTICS:
+        if t.name == name:
+            return t.as_dict()
+    names = ", ".join(t.name for t in DECODE_TACTICS)
+    raise ValueError(f"{LARGE_DECODE_ENV}={name} is not a decode tactic; one of: {names}")
 
 
 def _fp8mma_variant(rows: int, k_scale, v_cache, window: int, new_v) -> dict | None:
@@ -752,7 +768,7 @@ def make_paged_attention(tactic: Tactic | None = None):
     def decode_params(rows: int, bound: int) -> dict:
         """The decode tactic for `rows` = sequences x kv heads under a context bound."""
         if rows >= LARGE_BATCH_ROWS:
-            return large_params
+            return _large_decode_override() or large_params
         return short_params if bound <= SHORT_CONTEXT else dec_params
 
     def paged_attention(
