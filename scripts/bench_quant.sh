@@ -50,9 +50,64 @@ if [[ "$tiny" == "--tiny" ]]; then
   calib=(--calib-size 4 --calib-max-seq-len 64 --device cpu)
 fi
 timings="$out/timings.txt"
-: > "$timings"
+: > "$timings"; : > "$out/laps_utc.txt"
 # laps_utc.txt: when each phase ended, beside device_check.sh's smi.csv (clocks, power)
 lap() { echo "$1 $(( SECONDS - start ))" >> "$timings"; echo "$1 $(date -u +%H:%M:%S)" >> "$out/laps_utc.txt"; }
+
+# summary.json from what is there so far: written after every throughput point too, so a call
+# cut short by its time limit still returns the points done (the folders below $out/<mode>
+# are too deep for the device tool); "print" also prints the headline figures
+summarize() {
+  python3 - "$out" "${1:-}" <<'PY'
+import json
+import os
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines()),
+           "tput_ab_env": os.environ.get("TPUT_AB_ENV")}
+for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq",
+             "int4_awq_lm_head"):
+    if not (out / mode / "latency.json").is_file():
+        continue
+    lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
+    row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
+           "decode_roofline": lat["decode"], "latency": lat}
+    if (out / mode / "phases.json").is_file():  # seconds by phase: convert and build
+        row["phases_s"] = json.loads((out / mode / "phases.json").read_text())
+    off = out / mode / "no_pipeline"
+    if (off / "latency.json").is_file():  # COMPARE_PIPELINE
+        lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
+        row["decode_b1_tok_s_no_pipeline"] = lat_off["decode_tok_s_per_request"]["mean"]
+    # the throughput points, and (COMPARE_PIPELINE) the same points unpipelined
+    for where, tag in ((out / mode, ""), (off, "_no_pipeline")):
+        for p in sorted(where.glob("tput_*/throughput.json")):
+            res = json.loads(p.read_text())["results"][0]["ingot"]
+            row[p.parent.name + tag + "_output_tok_s"] = res["output_tok_s"]
+            # where the run's time went: decode-only / prefill-only / mixed steps
+            row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
+            row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
+            # the caching allocator's device-wide waits (retries) and cudaMalloc/cudaFree calls
+            row[p.parent.name + tag + "_allocator"] = res.get("allocator")
+    sweep = out / f"{mode}_sweep" / "throughput.json"
+    if sweep.is_file():  # SWEEP_BATCHES: 128/128 at each batch size
+        row["sweep"] = {
+            str(r["batch_size"]): {
+                "decode_tok_s": (r["ingot"].get("decode") or {}).get("tok_s"),
+                "output_tok_s": r["ingot"]["output_tok_s"],
+                "itl_p50_ms": r["ingot"]["itl_ms"]["p50"],
+                "ttft_p50_ms": r["ingot"]["ttft_ms"]["p50"],
+            }
+            for r in json.loads(sweep.read_text())["results"]
+        }
+    summary[mode] = row
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+if sys.argv[2] == "print":
+    print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
+                      for m, r in summary.items() if m not in ("seconds", "tput_ab_env")}, indent=2))
+PY
+}
 
 start=$SECONDS
 python3 - "$work/hf" "$device" "$tiny" <<'PY'
@@ -135,6 +190,7 @@ PY
     ingot bench --engine-dir "$work/engine-$mode" throughput --input-len "$i" \
       --output-len "$o" --num-requests "$n" --force --output-dir "$@"
     echo "end ${1#"$out/"} $(date -u +%H:%M:%S)" >> "$out/laps_utc.txt"
+    summarize
   }
   if [[ " ${TPUT_MODES:-fp8} " == *" $mode "* ]]; then
     for shape in ${TPUT_SHAPES:-128x128 2048x128 2048x2048}; do
@@ -160,51 +216,4 @@ PY
   fi
   rm -rf "$work/engine-$mode"  # NOTE: 16 GB each on the GPU machine's disk
 done
-python3 - "$out" <<'PY'
-import json
-import os
-import sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-summary = {"seconds": dict(line.split() for line in (out / "timings.txt").read_text().splitlines()),
-           "tput_ab_env": os.environ.get("TPUT_AB_ENV")}
-for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq",
-             "int4_awq_lm_head"):
-    if not (out / mode / "latency.json").is_file():
-        continue
-    lat = json.loads((out / mode / "latency.json").read_text())["results"][0]["ingot"]
-    row = {"decode_b1_tok_s": lat["decode_tok_s_per_request"]["mean"],
-           "decode_roofline": lat["decode"], "latency": lat}
-    if (out / mode / "phases.json").is_file():  # seconds by phase: convert and build
-        row["phases_s"] = json.loads((out / mode / "phases.json").read_text())
-    off = out / mode / "no_pipeline"
-    if (off / "latency.json").is_file():  # COMPARE_PIPELINE
-        lat_off = json.loads((off / "latency.json").read_text())["results"][0]["ingot"]
-        row["decode_b1_tok_s_no_pipeline"] = lat_off["decode_tok_s_per_request"]["mean"]
-    # the throughput points, and (COMPARE_PIPELINE) the same points unpipelined
-    for where, tag in ((out / mode, ""), (off, "_no_pipeline")):
-        for p in sorted(where.glob("tput_*/throughput.json")):
-            res = json.loads(p.read_text())["results"][0]["ingot"]
-            row[p.parent.name + tag + "_output_tok_s"] = res["output_tok_s"]
-            # where the run's time went: decode-only / prefill-only / mixed steps
-            row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
-            row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
-            # the caching allocator's device-wide waits (retries) and cudaMalloc/cudaFree calls
-            row[p.parent.name + tag + "_allocator"] = res.get("allocator")
-    sweep = out / f"{mode}_sweep" / "throughput.json"
-    if sweep.is_file():  # SWEEP_BATCHES: 128/128 at each batch size
-        row["sweep"] = {
-            str(r["batch_size"]): {
-                "decode_tok_s": (r["ingot"].get("decode") or {}).get("tok_s"),
-                "output_tok_s": r["ingot"]["output_tok_s"],
-                "itl_p50_ms": r["ingot"]["itl_ms"]["p50"],
-                "ttft_p50_ms": r["ingot"]["ttft_ms"]["p50"],
-            }
-            for r in json.loads(sweep.read_text())["results"]
-        }
-    summary[mode] = row
-(out / "summary.json").write_text(json.dumps(summary, indent=2))
-print(json.dumps({m: {k: v for k, v in r.items() if k != "latency"}
-                  for m, r in summary.items() if m not in ("seconds", "tput_ab_env")}, indent=2))
-PY
+summarize print
