@@ -56,16 +56,26 @@ def read_spans(path: Path) -> dict[str, tuple[time, time]]:
     return spans
 
 
+# samples at least this busy are the point's steps (a span also holds the engine's load)
+BUSY_UTILIZATION = 90.0
+
+
+def _stats(samples: list[dict]) -> dict:
+    stats: dict = {"samples": len(samples)}
+    for key in sorted({k for s in samples for k in s if k != "at"}):
+        values = [s[key] for s in samples if key in s]
+        stats[key] = {"median": statistics.median(values), "min": min(values)}
+    return stats
+
+
 def summarize(samples: list[dict], spans: dict[str, tuple[time, time]]) -> dict[str, dict]:
-    """Per span: the samples' count, and the median and minimum of each numeric column."""
+    """Per span: the samples' count and the median and minimum of each numeric column, over
+    all its samples and ("busy") over those with the GPU at least BUSY_UTILIZATION % busy."""
     out = {}
     for name, (start, end) in spans.items():
         inside = [s for s in samples if start <= s["at"] <= end]
-        stats: dict = {"samples": len(inside)}
-        for key in sorted({k for s in inside for k in s if k != "at"}):
-            values = [s[key] for s in inside if key in s]
-            stats[key] = {"median": statistics.median(values), "min": min(values)}
-        out[name] = stats
+        busy = [s for s in inside if s.get("utilization.gpu", 0.0) >= BUSY_UTILIZATION]
+        out[name] = _stats(inside) | {"busy": _stats(busy)}
     return out
 
 
@@ -76,13 +86,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     report = summarize(read_smi(args.smi), read_spans(args.laps))
-    for name, stats in report.items():
+    for name, every in report.items():
+        stats = every["busy"]
         # nvidia-smi names the queried clocks.sm "clocks.current.sm" in its header
         clock = next(
             (v for k, v in stats.items() if k.startswith("clocks") and k.endswith("sm")), {}
         )
         power = stats.get("power.draw", {})
-        print(f"{name:40s} {stats['samples']:4d} samples  SM clock median "
+        print(f"{name:40s} {stats['samples']:4d} busy samples  SM clock median "
               f"{clock.get('median', float('nan')):6.0f} MHz (min {clock.get('min', float('nan')):.0f})"
               f"  power median {power.get('median', float('nan')):5.0f} W")  # fmt: skip
     if args.out:

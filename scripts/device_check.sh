@@ -123,8 +123,10 @@ for stage in "${@:-tests}"; do
       # NOTE: results straight into $OUT/quant: a call cut short still returns the points done
       timeout "${QUANT_TIMEOUT:-540}" bash scripts/bench_quant.sh "$OUT/quant" \
         > "$OUT/quant.log" 2>&1 || rc=1
+      # NOTE: copies one folder up: the device tool returns a limited count of files a folder
+      cp "$OUT/quant/summary.json" "$OUT/quant_summary.json" 2>/dev/null
       [[ -f "$OUT/quant/laps_utc.txt" ]] && python3 scripts/clock_report.py "$OUT/smi.csv" \
-        "$OUT/quant/laps_utc.txt" --out "$OUT/quant/clocks_by_point.json"
+        "$OUT/quant/laps_utc.txt" --out "$OUT/quant_clocks.json"
       tail -40 "$OUT/quant.log" ;;
     *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|gemms|step|l2|grid|quant)"; exit 2 ;;
   esac

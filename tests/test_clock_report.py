@@ -32,3 +32,14 @@ def test_samples_inside_each_point_are_summarized(tmp_path):
     assert point["clocks.current.sm"] == {"median": 1702.5, "min": 1650.0}
     assert point["power.draw"] == {"median": 695.0, "min": 690.0}
     assert point["utilization.gpu"]["min"] == 100.0
+    assert point["busy"]["samples"] == 2 and point["busy"]["power.draw"]["min"] == 690.0
+
+
+def test_busy_samples_leave_out_the_engine_load():
+    at = clock_report.time.fromisoformat
+    samples = [{"at": at("10:00:01"), "clocks.current.sm": 345.0, "utilization.gpu": 0.0},
+               {"at": at("10:00:02"), "clocks.current.sm": 1590.0, "utilization.gpu": 100.0},
+               {"at": at("10:00:03"), "clocks.current.sm": 1640.0, "utilization.gpu": 95.0}]  # fmt: skip
+    (point,) = clock_report.summarize(samples, {"p": (at("10:00:00"), at("10:00:04"))}).values()
+    assert point["clocks.current.sm"]["median"] == 1590.0
+    assert point["busy"]["clocks.current.sm"] == {"median": 1615.0, "min": 1590.0}
