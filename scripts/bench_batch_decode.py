@@ -12,7 +12,9 @@ steps launch it: padded to a graph bucket of 512 rows (before 12-04's buckets of
 448 (the padding rows hold one token, as in the graphs; the split plan sees every row);
 (128, 2112) of 2048/128; (512, 192) of 128/128 at batch 512. At each point, FP8 cache: also
 the FP8-MMA experiment (plugins/attention/triton_decode_fp8mma.py), each variant's time and
-its error against the decode kernel's output ("decode_attention_fp8mma" rows).
+its error against the decode kernel's output ("decode_attention_fp8mma" rows). 128/128's point
+also in the graphs' 4,096-key split grid, and there after a gate_up GEMM ("after gate_up": the
+clock the engine's decode steps run at).
 """
 
 from __future__ import annotations
@@ -119,6 +121,37 @@ def attention(rows, bw, B, ctx, kv, reps, tactics=dec.DECODE_TACTICS, launched=N
     return t[0][1]
 
 
+def attention_after_gemm(rows, bw, B, ctx, reps, bound):
+    """The large-batch FP8 decode tactics at B x ctx, each timed after the 512-row gate_up
+    GEMM in the same graph (charged what it adds to the GEMM alone): the engine's decode step
+    runs attention between power-hungry GEMMs at the power cap (~1,590 MHz on the H100 against
+    the 1,980 an attention benchmark alone gets; docs/performance.md, 12-06), and these rows
+    say whether a benchmark with a GEMM beside it sees that clock."""
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
+    kc = kc.to(torch.float8_e4m3fn)
+    vc = to_v_layout(vc.to(torch.float8_e4m3fn), transposed=True)
+    one = torch.ones((), device=DEV, dtype=torch.float32)
+    kw = {"max_context_len": bound, "k_scale": one, "v_scale": one}
+    n, k = LAYER_GEMMS["gate_up"]
+    wq = torch.randn(n, k, device=DEV, dtype=BF16).to(torch.float8_e4m3fn)
+    xq = torch.randn(B, k, device=DEV, dtype=BF16).to(torch.float8_e4m3fn)
+    fast = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(cuda_fp8.FP8_GEMM_TACTICS[0]))
+
+    def gate_up():
+        fast(xq, wq, one, one, out_dtype=BF16)
+
+    timings = []
+    m128 = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n64_w4_s3_m128")  # H100's old pick
+    for t in (*dec.LARGE_BATCH_TACTICS, m128):
+        fn = dec.make_decode_attention(t)
+        call = functools.partial(fn, q, kc, vc, bt, cl, qsl, 1 / math.sqrt(HD), **kw)
+        timings.append((t, _median_ms(call, reps, before=gate_up)))
+    timings.sort(key=lambda r: r[1])
+    nbytes = B * ctx * HKV * HD * 2
+    record(rows, "decode_attention_fp8kv", f"B={B} ctx={ctx} bound={bound} after gate_up",
+           timings, nbytes, bw=bw)  # fmt: skip
+
+
 def gemms(rows, bw, M, reps):
     """ms per call of each layer GEMM and the lm_head at M rows: FP8 (quantize + cuBLASLt, and
     cuBLASLt alone on an already-quantized x, each also with fast accumulation: engines built
@@ -181,6 +214,7 @@ def main() -> None:
     if not args.gemms_only:  # 128/128's decode steps as the engine's graphs launch them
         for kv in KV_KINDS:
             attention(rows, bw, 512, 192, kv, args.reps, bound=GRAPH_BOUND)
+        attention_after_gemm(rows, bw, 512, 192, args.reps, GRAPH_BOUND)
     doc = {"device": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw,
            "points": points, "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(doc, indent=1))

@@ -20,7 +20,7 @@
 #            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points, the FP8-MMA
 #            decode experiment beside them, and 128/128's attention in a 4,096-key graph's
-#            split grid (batch_decode.json)                                              ~3 min
+#            split grid, alone and after a GEMM (batch_decode.json)                      ~1 min
 #   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
 #            batches and at 8,192 rows (batch_gemms.json)                               ~40 s
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
