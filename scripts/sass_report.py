@@ -80,8 +80,26 @@ def compile_sm90(src: ASTSource, **options):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+# one SASS instruction: its address, an optional predicate, the opcode and the rest
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def loop_spills(sass: str) -> int:
+    """Local-memory loads and stores (LDL/STL: spills) inside a loop: between a backward
+    branch's target and the branch. Spills outside the loops cost once a program."""
+    instrs = [(int(a, 16), op, rest) for a, op, rest in _INSTR.findall(sass)]
+    spills = [a for a, op, _ in instrs if op.startswith(("LDL", "STL"))]
+    loops = []
+    for a, op, rest in instrs:
+        target = re.search(r"0x([0-9a-f]+)\s*$", rest.strip())
+        if op == "BRA" and target and int(target.group(1), 16) < a:
+            loops.append((int(target.group(1), 16), a))
+    return sum(any(lo <= s <= hi for lo, hi in loops) for s in spills)
+
+
 def resources(cubin: bytes) -> dict:
-    """REG / STACK / SHARED per cuobjdump, and the SASS instruction count."""
+    """REG / STACK / SHARED per cuobjdump, the SASS instruction count and the spills inside
+    loops."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(cubin)
@@ -91,6 +109,7 @@ def resources(cubin: bytes) -> dict:
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     out = {k.lower(): int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK")}
     out["instructions"] = len(re.findall(r"/\*[0-9a-f]{4,}\*/ ", sass))
+    out["loop_spills"] = loop_spills(sass)
     return out
 
 
@@ -109,7 +128,8 @@ def report(
                 block_n = min(int(p["block_n"]), int(p["partition"]))
                 src = _source(cache == "fp8", nv, block_n, warps,
                               dec.split_min_keys(p, block_n), qr)  # fmt: skip
-                k = compile_sm90(src, num_warps=warps, num_stages=stages)
+                cap = {"maxnreg": int(p["maxnreg"])} if "maxnreg" in p else {}
+                k = compile_sm90(src, num_warps=warps, num_stages=stages, **cap)
                 row = {"tactic": tactic.name, "cache": cache, "new_v": nv, "qsl_rows": qr,
                        "shared_bytes": k.metadata.shared, **resources(k.asm["cubin"])}  # fmt: skip
                 # programs per SM the registers allow (allocated per warp in units of 256)
@@ -118,7 +138,8 @@ def report(
                 rows.append(row)
                 print(f"{tactic.name:24s} {cache:5s} new_v={nv!s:5s} qsl={qr!s:5s} "
                       f"regs {row['reg']:3d} "
-                      f"stack {row['stack']:4d} smem {row['shared_bytes']:6d} "
+                      f"stack {row['stack']:4d} (in loops {row['loop_spills']}) "
+                      f"smem {row['shared_bytes']:6d} "
                       f"sass {row['instructions']:5d} -> {row['programs_per_sm_by_registers']} "
                       "programs/SM")  # fmt: skip
     return rows

@@ -27,6 +27,31 @@ def test_large_batch_fp8_decode_kernel_fits_in_registers():
     assert row["programs_per_sm_by_registers"] >= 10, row
 
 
+def test_register_capped_large_batch_tactic_fits_16_programs_without_loop_spills():
+    """p128_n32_w1_s3_t4096_r128 (ptxas maxnreg 128) with an FP8 cache: 16 one-warp programs an
+    SM by registers (12 uncapped), its few spills outside the loops that read the cache."""
+    mod = _script()
+    from ingot.plugins.attention import triton_decode as dec
+
+    capped = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096_r128")
+    (row,) = mod.report(tactics=(capped,), caches=("fp8",), new_v=(False,))
+    assert row["reg"] <= 128 and row["programs_per_sm_by_registers"] == 16, row
+    assert row["loop_spills"] == 0 and row["stack"] <= 64, row
+
+
+def test_loop_spills_counts_local_memory_inside_backward_branches():
+    mod = _script()
+    sass = """
+        /*0010*/                   STL [R1+0x4], R2 ;
+        /*0020*/                   LDG.E R4, [R2.64] ;
+        /*0030*/                   LDL.LU R5, [R1+0x4] ;
+        /*0040*/              @!P1 BRA 0x20 ;
+        /*0050*/                   LDL R6, [R1] ;
+        /*0060*/                   BRA 0x60;
+    """
+    assert mod.loop_spills(sass) == 1  # 0x30 in the loop 0x20-0x40; 0x10 and 0x50 outside
+
+
 def test_packed_w4a16_gemv_loop_takes_fewer_instructions_per_weight():
     """scripts/sass_w4a16.py: the packed (bf16x2) W4A16 GEMV's K loop issues at most 3.2 sm_90
     instructions per weight (2.91 today), the fp32 one's 4.36: what the packed kernel is for

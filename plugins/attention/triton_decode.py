@@ -139,6 +139,21 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
             ("split_min", 256),
         ),
     ),  # fmt: skip
+    # the one-warp large-batch tactic held to 128 registers (ptxas `maxnreg`): with an FP8
+    # cache it needs 164 (12 programs an SM), capped 16 fit, at 32 bytes of spills
+    # (scripts/sass_report.py). 128/128's 4,096 programs (512 sequences x 8 kv heads) then take
+    # 1.9 waves of the H100's 132 SMs instead of 2.6; the timed builds decide whether it pays.
+    Tactic(
+        "p128_n32_w1_s3_t4096_r128",
+        (
+            ("partition", 128),
+            ("block_n", 32),
+            ("num_warps", 1),
+            ("num_stages", 3),
+            ("programs", 4096),
+            ("maxnreg", 128),
+        ),
+    ),  # fmt: skip
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.
@@ -636,6 +651,7 @@ def launch_decode(
         QSL_ROWS=qsl is not None,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": int(params["maxnreg"])} if "maxnreg" in params else {}),
         **launch_options(),
     )
 
