@@ -80,33 +80,50 @@ def compile_sm90(src: ASTSource, **options):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-# one SASS instruction: its address, an optional predicate, the opcode and the rest
-_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+def cuobjdump(cubin: bytes, *flags: str) -> list[str]:
+    """cuobjdump's output for `cubin` under each flag (e.g. "-sass", "--dump-resource-usage")."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        return [subprocess.run([str(_BIN / "cuobjdump"), flag, str(path)],
+                               capture_output=True, text=True, check=True).stdout
+                for flag in flags]  # fmt: skip
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """Each SASS instruction's address and text (predicate, opcode, operands)."""
+    return [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def branch_target(op: str) -> int | None:
+    """The address a branch instruction jumps to; None for any other instruction."""
+    to = re.search(r"BRA .*?0x([0-9a-f]+)", op)
+    return int(to.group(1), 16) if to else None
+
+
+def opcode(op: str) -> str:
+    """An instruction's opcode, past its predicate."""
+    return op.split()[1] if op.startswith("@") else op.split()[0]
+
+
+def loops(instrs: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(first, last) address of each loop: a backward branch's target and the branch."""
+    return [(t, a) for a, op in instrs if (t := branch_target(op)) is not None and t < a]
 
 
 def loop_spills(sass: str) -> int:
     """Local-memory loads and stores (LDL/STL: spills) inside a loop: between a backward
     branch's target and the branch. Spills outside the loops cost once a program."""
-    instrs = [(int(a, 16), op, rest) for a, op, rest in _INSTR.findall(sass)]
-    spills = [a for a, op, _ in instrs if op.startswith(("LDL", "STL"))]
-    loops = []
-    for a, op, rest in instrs:
-        target = re.search(r"0x([0-9a-f]+)\s*$", rest.strip())
-        if op == "BRA" and target and int(target.group(1), 16) < a:
-            loops.append((int(target.group(1), 16), a))
-    return sum(any(lo <= s <= hi for lo, hi in loops) for s in spills)
+    instrs = sass_instructions(sass)
+    spans = loops(instrs)
+    return sum(any(lo <= a <= hi for lo, hi in spans) for a, op in instrs
+               if opcode(op).startswith(("LDL", "STL")))  # fmt: skip
 
 
 def resources(cubin: bytes) -> dict:
     """REG / STACK / SHARED per cuobjdump, the SASS instruction count and the spills inside
     loops."""
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "k.cubin"
-        path.write_bytes(cubin)
-        usage = subprocess.run([str(_BIN / "cuobjdump"), "--dump-resource-usage", str(path)],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        sass = subprocess.run([str(_BIN / "cuobjdump"), "-sass", str(path)],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    usage, sass = cuobjdump(cubin, "--dump-resource-usage", "-sass")
     out = {k.lower(): int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK")}
     out["instructions"] = len(re.findall(r"/\*[0-9a-f]{4,}\*/ ", sass))
     out["loop_spills"] = loop_spills(sass)

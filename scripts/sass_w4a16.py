@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import collections
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import triton
-from sass_report import _BIN, cli, compile_sm90
+from sass_report import (
+    branch_target,
+    cli,
+    compile_sm90,
+    cuobjdump,
+    loops,
+    opcode,
+    sass_instructions,
+)
 from triton.compiler import ASTSource
 
 from ingot.plugins.quant import triton_w4a16 as tw
@@ -61,23 +66,15 @@ def loop_body(cubin: bytes, steady: bool = False) -> tuple[list[str], int]:
     """The SASS opcodes between the last backward branch and its target (the K loop) and the
     registers per thread. steady: without the blocks a forward branch inside the loop can
     skip (the persistent kernel's per-tile stores: once a tile, not once a step)."""
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "k.cubin"
-        path.write_bytes(cubin)
-        run = lambda *a: subprocess.run([str(_BIN / "cuobjdump"), *a, str(path)],  # noqa: E731
-                                        capture_output=True, text=True, check=True).stdout  # fmt: skip
-        sass, usage = run("-sass"), run("--dump-resource-usage")
-    instrs = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = [(int(t, 16), a) for a, op in instrs
-             for t in re.findall(r"BRA .*?0x([0-9a-f]+)", op) if int(t, 16) < a]  # fmt: skip
-    lo, hi = loops[-1]
+    sass, usage = cuobjdump(cubin, "-sass", "--dump-resource-usage")
+    instrs = sass_instructions(sass)
+    lo, hi = loops(instrs)[-1]
     skipped = set()
     for a, op in instrs if steady else ():
-        to = re.search(r"BRA .*?0x([0-9a-f]+)", op)
-        if to and lo <= a <= hi and int(to.group(1), 16) > a:
-            skipped |= {b for b, _ in instrs if a < b < int(to.group(1), 16)}
-    body = [op.split()[1] if op.startswith("@") else op.split()[0] for a, op in instrs
-            if lo <= a <= hi and a not in skipped]  # fmt: skip
+        to = branch_target(op)
+        if to is not None and lo <= a <= hi and to > a:
+            skipped |= {b for b, _ in instrs if a < b < to}
+    body = [opcode(op) for a, op in instrs if lo <= a <= hi and a not in skipped]
     return body, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
