@@ -71,14 +71,20 @@ FP8MMA_VARIANTS = tuple(
 )  # fmt: skip
 
 
+def fp8_paged(B, ctx):
+    """paged()'s B sequences of ctx keys, one query each, in an FP8 pool (V transposed per
+    block, as FP8 pools store it), and a unit scale: q, kc, vc, bt, cl, qsl, one."""
+    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
+    kc = kc.to(torch.float8_e4m3fn)
+    vc = to_v_layout(vc.to(torch.float8_e4m3fn), transposed=True)
+    return q, kc, vc, bt, cl, qsl, torch.ones((), device=DEV, dtype=torch.float32)
+
+
 def attention_fp8mma(rows, bw, B, ctx, reps) -> None:
     """The FP8-MMA decode experiment at B sequences of ctx keys (FP8 cache, V transposed): the
     time of each variant and its relative error against the decode kernel's output (the
     production path: fp16 dots on the converted cache)."""
-    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
-    kc = kc.to(torch.float8_e4m3fn)
-    vc = to_v_layout(vc.to(torch.float8_e4m3fn), transposed=True)
-    one = torch.ones((), device=DEV, dtype=torch.float32)
+    q, kc, vc, bt, cl, qsl, one = fp8_paged(B, ctx)
     args = (q, kc, vc, bt, cl, 1 / math.sqrt(HD), one, one)
     t = time_tactics("decode_fp8mma", FP8MMA_VARIANTS, fixed(args, {}), reps,
                      factory=lambda tac: functools.partial(f8mma.decode_fp8mma, **tac.as_dict()))  # fmt: skip
@@ -127,10 +133,7 @@ def attention_after_gemm(rows, bw, B, ctx, reps, bound):
     runs attention between power-hungry GEMMs at the power cap (~1,590 MHz on the H100 against
     the 1,980 an attention benchmark alone gets; docs/performance.md, 12-06), and these rows
     say whether a benchmark with a GEMM beside it sees that clock."""
-    q, kc, vc, bt, cl, qsl = paged([ctx] * B, [1] * B, ENGINE_BS)
-    kc = kc.to(torch.float8_e4m3fn)
-    vc = to_v_layout(vc.to(torch.float8_e4m3fn), transposed=True)
-    one = torch.ones((), device=DEV, dtype=torch.float32)
+    q, kc, vc, bt, cl, qsl, one = fp8_paged(B, ctx)
     kw = {"max_context_len": bound, "k_scale": one, "v_scale": one}
     n, k = LAYER_GEMMS["gate_up"]
     wq = torch.randn(n, k, device=DEV, dtype=BF16).to(torch.float8_e4m3fn)
