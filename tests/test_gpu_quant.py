@@ -492,6 +492,38 @@ def test_fp8_decode(tactic, bs, transposed):
     assert rel_err(out, ref) < FP8_TOL
 
 
+def _bits16(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int16)
+
+
+@needs_fp8
+@pytest.mark.parametrize("bits", [1, 2, 3])
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize(
+    "tactic", [dec.DECODE_TACTICS[0], *dec.LARGE_BATCH_TACTICS], ids=lambda t: t.name
+)
+def test_fp8_bits_decode_gives_the_converting_kernels_bits(tactic, bs, bits):
+    """fp8_bits (K, V or both widened by byte permutes and logic ops in inline PTX, 2^-8
+    short, the scales making up): the converting kernel's output bits, and with new_v its
+    cache bits too."""
+    ctx = [1, 17, 300, 1100, 64]
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
+    q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
+    qsl = torch.arange(len(ctx) + 1, device=DEV).int()
+    args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
+    plain = dec.make_decode_attention(tactic)(*args, **sc)
+    fast = dec.make_decode_attention(dec.fp8_bits_tactic(tactic, bits))
+    out = torch.full_like(q, float("nan"))
+    fast(*args, out=out, **sc)
+    assert torch.equal(_bits16(out), _bits16(plain))
+    assert rel_err(out, attn_ref.paged_attention(*args, **sc)) < FP8_TOL
+    nv = torch.randn(len(ctx), HKV, HD, device=DEV, dtype=BF16)
+    vc2 = vc.clone()
+    want = dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, new_v=nv, **sc)
+    got = fast(q, kc, vc2, bt, cl, qsl, HD**-0.5, new_v=nv, **sc)
+    assert torch.equal(_bits16(got), _bits16(want)) and same_bits(vc2, vc)
+
+
 @needs_fp8
 @pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
 @pytest.mark.parametrize("bs", [16, 128])

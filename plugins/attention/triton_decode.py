@@ -42,6 +42,7 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
+from .fp8_bits import FP8_BITS_SCALE, fp8_to_f16_scaled
 from .layout import SHORT_CONTEXT, check_kv_layout, is_transposed
 from .reference import ANY_DECODES, check_new_v, decode_rows
 from .triton_decode_fp8mma import decode_fp8mma
@@ -178,6 +179,14 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
         ),
     ),  # fmt: skip
 )
+
+
+def fp8_bits_tactic(tactic: Tactic, bits: int = 3) -> Tactic:
+    """`tactic` with an FP8 cache's K (bits 1) and/or V (bits 2) widened by bit moves
+    (fp8_bits.py) instead of the conversion unit: the same output bits, other pipes busy."""
+    return Tactic(f"{tactic.name}_b{bits}", (*tactic.params, ("fp8_bits", bits)))
+
+
 # the tactics meant for large batches (a target program count): the GPU tests run each as one
 LARGE_BATCH_TACTICS = tuple(t for t in DECODE_TACTICS if "programs" in t.as_dict())
 # Decode steps with at least this many sequences x kv heads run the engine's large-batch
@@ -305,10 +314,13 @@ def _decode_kernel(
     SEG: tl.constexpr = 32,
     SPLIT_MIN: tl.constexpr = 0,
     QSL_ROWS: tl.constexpr = False,
+    FP8_BITS: tl.constexpr = 0,
 ):
     """QSL_ROWS: program b is sequence b of a step with prompts (seq0 0) and attends only if
     that sequence has one query, at row qsl[b] of q and out (ANY_DECODES, reference.py);
-    otherwise row b of q and out is sequence seq0 + b, one query each."""
+    otherwise row b of q and out is sequence seq0 + b, one query each. FP8_BITS (an FP8 cache
+    with fp16 dots): bit 0, K widened by fp8_bits instead of converted; bit 1, V; the same
+    bits out."""
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
@@ -342,6 +354,8 @@ def _decode_kernel(
             scale_log2 = scale_log2 * tl.load(ks_ptr)
             if not IEEE:  # the dots run in fp16 (fp16_query)
                 q, scale_log2 = fp16_query(q, scale_log2)
+            if FP8_BITS & 1:  # K widened 2^-8 short
+                scale_log2 = scale_log2 * FP8_BITS_SCALE
         hi = end
         if WRITE_V:
             if end == ctx:
@@ -352,17 +366,20 @@ def _decode_kernel(
                 m_i, l_i, acc = _decode_tile(
                     q, m_i, l_i, acc, last, end, ctx, window, scale_log2, kc_ptr, vc_ptr, nv,
                     bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                    BLOCK_N, SEG, True,
+                    BLOCK_N, SEG, True, FP8_BITS,
                 )  # fmt: skip
                 hi = last
         for n0 in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _decode_tile(
                 q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
                 bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                BLOCK_N, SEG, False,
+                BLOCK_N, SEG, False, FP8_BITS,
             )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
-            acc = acc * tl.load(vs_ptr)
+            if FP8_BITS & 2:  # V widened 2^-8 short
+                acc = acc * (tl.load(vs_ptr) * FP8_BITS_SCALE)
+            else:
+                acc = acc * tl.load(vs_ptr)
         if SPLIT:
             n_used = tl.cdiv(ctx - first, part)  # splits holding keys of this sequence
             if n_used > 1:  # each writes partials; the last one done merges them
@@ -396,9 +413,11 @@ def _decode_tile(
     s_blk, s_tok, s_h,
     HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, PUT_V: tl.constexpr,
+    FP8_BITS: tl.constexpr = 0,
 ):  # fmt: skip
     """Keys n0 .. n0 + BLOCK_N - 1 (those < end) into the online softmax (m_i, l_i, acc).
-    PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet."""
+    PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet.
+    FP8_BITS: as _decode_kernel's (K and/or V widened 2^-8 short, the caller's scales make up)."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < end
     if USE_WINDOW:
@@ -415,20 +434,22 @@ def _decode_tile(
     if PUT_V:
         v = _put_new_v(vc_ptr, v, nv, bt_row, ctx - 1, n0, kvh, d, dm, s_blk, s_tok, s_h,
                        HD, BS, V_T, BLOCK_N, SEG)  # fmt: skip
+    k = fp8_to_f16_scaled(k) if FP8_BITS & 1 else k.to(q.dtype)
+    v = fp8_to_f16_scaled(v) if FP8_BITS & 2 else v.to(q.dtype)
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
     else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
+        s = tl.dot(q, tl.trans(k)) * scale_log2
     s = tl.where(tv[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IEEE:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+        pv = tl.dot(p.to(q.dtype), v, input_precision="ieee")
     else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        pv = tl.dot(p.to(q.dtype), v)
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
@@ -649,6 +670,8 @@ def launch_decode(
         SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
         SPLIT_MIN=split_min,
         QSL_ROWS=qsl is not None,
+        # NOTE: only where the dots run in fp16 on an FP8 cache
+        FP8_BITS=int(params.get("fp8_bits", 0)) if fp8 and q.dtype != torch.float32 else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": int(params["maxnreg"])} if "maxnreg" in params else {}),
