@@ -78,6 +78,10 @@ def test_large_batch_decode_tactic_override_for_ab_runs(monkeypatch):
         args, kwargs = shapes.decode_batch(batch, 20, False)
         fn(*args, max_query_len=1, **kwargs)
     assert seen == [small.as_dict(), other.as_dict()]
+    bits = dec.fp8_bits_tactic(large, 2)  # an fp8_bits twin, for the A/B of an FP8 cache
+    monkeypatch.setenv(dec.LARGE_DECODE_ENV, bits.name)
+    fn(*args, max_query_len=1, **kwargs)
+    assert seen[-1] == bits.as_dict() and seen[-1]["fp8_bits"] == 2
     monkeypatch.setenv(dec.LARGE_DECODE_ENV, "p1_nope")
     with pytest.raises(ValueError, match="p128_n32_w1_s3_t4096"):
         fn(*args, max_query_len=1, **kwargs)

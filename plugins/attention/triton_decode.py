@@ -780,10 +780,15 @@ def _large_decode_override() -> dict | None:
     name = os.environ.get(LARGE_DECODE_ENV)
     if not name:
         return None
-    for t in DECODE_TACTICS:
+    # the decode tactics, and the large-batch ones' fp8_bits twins (an FP8 cache's A/B)
+    known = (
+        *DECODE_TACTICS,
+        *(fp8_bits_tactic(t, b) for t in LARGE_BATCH_TACTICS for b in (1, 2, 3)),
+    )
+    for t in known:
         if t.name == name:
             return t.as_dict()
-    names = ", ".join(t.name for t in DECODE_TACTICS)
+    names = ", ".join(t.name for t in known)
     raise ValueError(f"{LARGE_DECODE_ENV}={name} is not a decode tactic; one of: {names}")
 
 
