@@ -544,6 +544,24 @@ def test_fp8_prefill(tactic, bs, transposed):
 
 
 @needs_fp8
+@pytest.mark.parametrize("bits", [1, 2, 3])
+@pytest.mark.parametrize("fp8_queries", [False, True])
+@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+def test_fp8_bits_prefill_gives_the_converting_kernels_bits(tactic, fp8_queries, bits):
+    """fp8_bits in the prefill kernel (inline PTX; K widened only for fp16 Q.K): the output
+    bits of the converting kernel."""
+    new, ctx = [300, 1, 77], [300, 40, 500]
+    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=32)
+    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
+    q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
+    args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
+    kw = dict(fp8_queries=fp8_queries, **sc)
+    plain = pf.make_prefill_attention(tactic)(*args, **kw)
+    fast = pf.make_prefill_attention(dec.fp8_bits_tactic(tactic, bits))
+    assert torch.equal(_bits16(fast(*args, **kw)), _bits16(plain))
+
+
+@needs_fp8
 @pytest.mark.parametrize("bs", [16, 32])
 @pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
 def test_fp8_prefill_with_fp8_queries(tactic, bs):

@@ -948,6 +948,21 @@ else:
         assert rel_err(out, ref) < 5e-3 < rel_err(out, plain)
         assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
 
+    @pytest.mark.parametrize("bits", [1, 2, 3])
+    @pytest.mark.parametrize("fp8_queries", [False, True])
+    @pytest.mark.parametrize("params", [SMALL_TILES[0], SMALL_TILES[-1]], ids=lambda t: t.name)
+    def test_fp8_bits_prefill_gives_the_converting_kernels_bits(bits, fp8_queries, params):
+        """fp8_bits in the prefill kernel (K widened for fp16 Q.K only, V for P.V): the output
+        bits of the converting kernel, prompts after a prefix and a one-token chunk, FP8 Q.K
+        or not, GQA packing or not."""
+        torch.manual_seed(19)
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch([7, 1, 20], [7, 30, 60], torch.float16, "fp8")
+        args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
+        kw = dict(fp8_queries=fp8_queries, **scales)
+        plain = pf.make_prefill_attention(params)(*args, **kw)
+        fast = pf.make_prefill_attention(dec.fp8_bits_tactic(params, bits))(*args, **kw)
+        assert _same_fp16(fast, plain) and not plain.isnan().any()
+
     @pytest.mark.parametrize("block_n", [16, 32])
     @pytest.mark.parametrize("peaked", [False, True])
     def test_decode_fp8mma_experiment_precision(block_n, peaked):

@@ -17,6 +17,8 @@ import os
 import triton
 import triton.language as tl
 
+from ..registry import Tactic
+
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 # the factor the widened values are short of: a kernel multiplies the scale it applies by it
 FP8_BITS_SCALE = tl.constexpr(256.0)
@@ -56,3 +58,9 @@ def fp8_to_f16_scaled(x):
             is_pure=True,
             pack=4,
         )
+
+
+def fp8_bits_tactic(tactic: Tactic, bits: int = 3) -> Tactic:
+    """A decode or prefill `tactic` with an FP8 cache's K (bits 1) and/or V (bits 2) widened
+    here instead of by the conversion unit: the same output bits, other pipes busy."""
+    return Tactic(f"{tactic.name}_b{bits}", (*tactic.params, ("fp8_bits", bits)))

@@ -42,7 +42,7 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
-from .fp8_bits import FP8_BITS_SCALE, fp8_to_f16_scaled
+from .fp8_bits import FP8_BITS_SCALE, fp8_bits_tactic, fp8_to_f16_scaled
 from .layout import SHORT_CONTEXT, check_kv_layout, is_transposed
 from .reference import ANY_DECODES, check_new_v, decode_rows
 from .triton_decode_fp8mma import decode_fp8mma
@@ -179,12 +179,6 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
         ),
     ),  # fmt: skip
 )
-
-
-def fp8_bits_tactic(tactic: Tactic, bits: int = 3) -> Tactic:
-    """`tactic` with an FP8 cache's K (bits 1) and/or V (bits 2) widened by bit moves
-    (fp8_bits.py) instead of the conversion unit: the same output bits, other pipes busy."""
-    return Tactic(f"{tactic.name}_b{bits}", (*tactic.params, ("fp8_bits", bits)))
 
 
 # the tactics meant for large batches (a target program count): the GPU tests run each as one
