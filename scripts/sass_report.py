@@ -58,9 +58,12 @@ def _source(
 
 def kernel_source(fn, ptrs: dict[str, str], const: dict) -> ASTSource:
     """An attention kernel's launch as a compile source: pointers of the given types, the
-    constexprs given, every other pointer None, scale_log2 fp32 and the other scalars int32;
+    constexprs given (the others their defaults), every other pointer None, scale_log2 fp32 and the other scalars int32;
     pointers and strides 16-divisible, as the launchers' tensors are."""
     const, sig = dict(const), {}
+    # constexprs not given take their defaults (a new one must not become a runtime int)
+    const |= {p.name: p.default for p in fn.params
+              if p.is_constexpr and p.has_default and p.name not in const}  # fmt: skip
     for a in fn.arg_names:
         if a in const:
             sig[a] = "constexpr"
