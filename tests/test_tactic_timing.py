@@ -87,6 +87,24 @@ def test_large_batch_decode_tactic_override_for_ab_runs(monkeypatch):
         fn(*args, max_query_len=1, **kwargs)
 
 
+def test_prefill_fp8_bits_switch_for_ab_runs(monkeypatch):
+    """INGOT_PREFILL_FP8_BITS adds fp8_bits to the prefill launches of a built engine's
+    attention (and nothing without it)."""
+    seen = []
+    monkeypatch.setattr(dec, "launch_prefill", lambda *a, **kw: seen.append(a[10]))
+    fn = dec.make_paged_attention(
+        dec.combine_tactics(dec.DECODE_TACTICS[0], dec.PREFILL_TACTICS[1])
+    )
+    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").decode_batch(4, 20, False)
+    fn(*args, max_query_len=2, **kwargs)
+    monkeypatch.setenv(dec.PREFILL_BITS_ENV, "2")
+    fn(*args, max_query_len=2, **kwargs)
+    assert seen == [
+        dec.PREFILL_TACTICS[1].as_dict(),
+        dec.PREFILL_TACTICS[1].as_dict() | {"fp8_bits": 2},
+    ]
+
+
 def test_short_context_launches_run_the_short_context_decode_tactic(monkeypatch):
     """A paged_attention tactic with a short-context decode tactic launches it for decode
     steps bounded by SHORT_CONTEXT keys (the decode graphs' short tier), and its decode tactic

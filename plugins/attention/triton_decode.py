@@ -767,6 +767,15 @@ FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
 # replaces the engine's large-batch decode tactic, so two picks are compared on one engine in
 # one device call (the build's pick changes only with a rebuild).
 LARGE_DECODE_ENV = "INGOT_LARGE_DECODE_TACTIC"
+# EXPERIMENT, an A/B switch as the ones above: INGOT_PREFILL_FP8_BITS=<1|2|3> widens an FP8
+# cache's K and/or V in the engine's prefill launches by bit moves (fp8_bits.py; same bits out).
+PREFILL_BITS_ENV = "INGOT_PREFILL_FP8_BITS"
+
+
+def _prefill_bits(params: dict) -> dict:
+    """The prefill params with PREFILL_BITS_ENV's fp8_bits, when it is set."""
+    bits = os.environ.get(PREFILL_BITS_ENV)
+    return params | {"fp8_bits": int(bits)} if bits else params
 
 
 def _large_decode_override() -> dict | None:
@@ -864,8 +873,8 @@ def make_paged_attention(tactic: Tactic | None = None):
             # takes them at their rows, the prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
-                skip_single=True, fp8_queries=fp8_queries,
+                window, int(max_query_len), out, _prefill_bits(pf_params), k_scale, v_scale,
+                out_scale, skip_single=True, fp8_queries=fp8_queries,
             )  # fmt: skip
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window, table_len, out,
@@ -889,7 +898,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
-            pf_params, k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
+            _prefill_bits(pf_params), k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
         )  # fmt: skip
         f8 = _fp8mma_variant(nd * hkv, k_scale, v_cache, window, new_v) if nd else None
         if f8 is not None:
