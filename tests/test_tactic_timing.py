@@ -87,11 +87,12 @@ def test_large_batch_decode_tactic_override_for_ab_runs(monkeypatch):
         fn(*args, max_query_len=1, **kwargs)
 
 
-def test_prefill_fp8_bits_switch_for_ab_runs(monkeypatch):
+def test_fp8_bits_switches_for_ab_runs(monkeypatch):
     """INGOT_PREFILL_FP8_BITS adds fp8_bits to the prefill launches of a built engine's
-    attention (and nothing without it)."""
-    seen = []
+    attention, INGOT_DECODE_FP8_BITS to its decode launches (nothing without them)."""
+    seen, dseen = [], []
     monkeypatch.setattr(dec, "launch_prefill", lambda *a, **kw: seen.append(a[10]))
+    monkeypatch.setattr(dec, "launch_decode", lambda *a, **kw: dseen.append(a[9]))
     fn = dec.make_paged_attention(
         dec.combine_tactics(dec.DECODE_TACTICS[0], dec.PREFILL_TACTICS[1])
     )
@@ -102,6 +103,13 @@ def test_prefill_fp8_bits_switch_for_ab_runs(monkeypatch):
     assert seen == [
         dec.PREFILL_TACTICS[1].as_dict(),
         dec.PREFILL_TACTICS[1].as_dict() | {"fp8_bits": 2},
+    ]
+    fn(*args, max_query_len=1, **kwargs)
+    monkeypatch.setenv(dec.DECODE_BITS_ENV, "3")
+    fn(*args, max_query_len=1, **kwargs)
+    assert dseen == [
+        dec.DECODE_TACTICS[0].as_dict(),
+        dec.DECODE_TACTICS[0].as_dict() | {"fp8_bits": 3},
     ]
 
 

@@ -767,14 +767,16 @@ FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
 # replaces the engine's large-batch decode tactic, so two picks are compared on one engine in
 # one device call (the build's pick changes only with a rebuild).
 LARGE_DECODE_ENV = "INGOT_LARGE_DECODE_TACTIC"
-# EXPERIMENT, an A/B switch as the ones above: INGOT_PREFILL_FP8_BITS=<1|2|3> widens an FP8
-# cache's K and/or V in the engine's prefill launches by bit moves (fp8_bits.py; same bits out).
+# EXPERIMENT, A/B switches as the ones above: INGOT_PREFILL_FP8_BITS=<1|2|3> widens an FP8
+# cache's K and/or V in the engine's prefill launches by bit moves (fp8_bits.py; same bits out),
+# INGOT_DECODE_FP8_BITS in its decode launches (whichever tactic each launch takes).
 PREFILL_BITS_ENV = "INGOT_PREFILL_FP8_BITS"
+DECODE_BITS_ENV = "INGOT_DECODE_FP8_BITS"
 
 
-def _prefill_bits(params: dict) -> dict:
-    """The prefill params with PREFILL_BITS_ENV's fp8_bits, when it is set."""
-    bits = os.environ.get(PREFILL_BITS_ENV)
+def _with_bits(params: dict, env: str) -> dict:
+    """params with the fp8_bits that `env` sets, when it is set."""
+    bits = os.environ.get(env)
     return params | {"fp8_bits": int(bits)} if bits else params
 
 
@@ -815,8 +817,10 @@ def make_paged_attention(tactic: Tactic | None = None):
     def decode_params(rows: int, bound: int) -> dict:
         """The decode tactic for `rows` = sequences x kv heads under a context bound."""
         if rows >= LARGE_BATCH_ROWS:
-            return _large_decode_override() or large_params
-        return short_params if bound <= SHORT_CONTEXT else dec_params
+            params = _large_decode_override() or large_params
+        else:
+            params = short_params if bound <= SHORT_CONTEXT else dec_params
+        return _with_bits(params, DECODE_BITS_ENV)
 
     def paged_attention(
         q: torch.Tensor,
@@ -873,7 +877,7 @@ def make_paged_attention(tactic: Tactic | None = None):
             # takes them at their rows, the prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                window, int(max_query_len), out, _prefill_bits(pf_params), k_scale, v_scale,
+                window, int(max_query_len), out, _with_bits(pf_params, PREFILL_BITS_ENV), k_scale, v_scale,
                 out_scale, skip_single=True, fp8_queries=fp8_queries,
             )  # fmt: skip
             launch_decode(
@@ -898,7 +902,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
-            _prefill_bits(pf_params), k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
+            _with_bits(pf_params, PREFILL_BITS_ENV), k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
         )  # fmt: skip
         f8 = _fp8mma_variant(nd * hkv, k_scale, v_cache, window, new_v) if nd else None
         if f8 is not None:
