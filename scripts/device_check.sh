@@ -21,9 +21,8 @@
 #   batch    large-batch decode: attention and GEMMs at the throughput points, the FP8-MMA
 #            decode experiment beside them, and 128/128's attention in a 4,096-key graph's
 #            split grid, alone and after a GEMM (batch_decode.json)                      ~1 min
-#   bits     the large-batch FP8 decode tactics with the cache widened by bit moves (fp8_bits)
-#            against converting, 512 x 192 and two long contexts (decode_bits.json)      ~2 min
-#   ncu      Nsight Compute reports of the FP8 decode kernel at 512 x 192 (ncu_<tactic>.txt) ~1 min
+#   ncu      Nsight Compute reports of the FP8 decode kernel at 512 x 192, one a tactic
+#            (NCU_TACTICS; ncu_<tactic>.txt: pipes, issue slots, stall reasons)          ~1 min
 #   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
 #            batches and at 8,192 rows (batch_gemms.json)                               ~40 s
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
@@ -105,15 +104,11 @@ for stage in "${@:-tests}"; do
       timeout 260 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
       tail -8 "$OUT/batch_decode.log" ;;
-    bits)
-      timeout 300 python3 scripts/bench_decode_bits.py --out "$OUT/decode_bits.json" \
-        > "$OUT/decode_bits.log" 2>&1 || rc=1
-      tail -6 "$OUT/decode_bits.log" ;;
     ncu)
-      # Nsight Compute on one decode launch a tactic (NCU_TACTICS: bench_decode_bits names):
+      # Nsight Compute on one decode launch a tactic (NCU_TACTICS: DECODE_TACTICS names):
       # pipe use, issue slots, stall reasons; --clock-control none keeps the clocks as they run
       ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      for t in ${NCU_TACTICS:-p128_n32_w1_s3_t4096 p128_n32_w1_s3_t4096_b2 p128_n32_w1_s3_t4096_b3}; do
+      for t in ${NCU_TACTICS:-p128_n32_w1_s3_t4096 p512_n32_w1_s3_t8192_m512}; do
         timeout 150 "$ncu" --clock-control none -k regex:_decode_kernel -s 3 -c 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
           --section WarpStateStats --section SchedulerStats --section Occupancy \
@@ -149,7 +144,7 @@ for stage in "${@:-tests}"; do
       [[ -f "$OUT/quant/laps_utc.txt" ]] && python3 scripts/clock_report.py "$OUT/smi.csv" \
         "$OUT/quant/laps_utc.txt" --out "$OUT/quant_clocks.json"
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|bits|ncu|gemms|step|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|ncu|gemms|step|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc

@@ -15,14 +15,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_batch_decode import fp8_paged  # noqa: E402
-from bench_decode_bits import TACTICS  # noqa: E402
 from bench_kernels import HD  # noqa: E402
 
 from ingot.plugins.attention import triton_decode as dec  # noqa: E402
 
 
 def main() -> None:
-    tactic = next(t for t in TACTICS if t.name == sys.argv[1])
+    tactic = next(t for t in dec.DECODE_TACTICS if t.name == sys.argv[1])
     q, kc, vc, bt, cl, qsl, one = fp8_paged(512, 192)
     fn = dec.make_decode_attention(tactic)
     for _ in range(5):

@@ -34,9 +34,8 @@ _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def _source(
-    fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int, qsl_rows: bool = False,
-    fp8_bits: int = 0,
-) -> ASTSource:  # fmt: skip
+    fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int, qsl_rows: bool = False
+) -> ASTSource:
     fn = dec._decode_kernel
     cache = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "bt_ptr": "*i32",
@@ -46,7 +45,7 @@ def _source(
              "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
              "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
              "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min,
-             "QSL_ROWS": qsl_rows, "FP8_BITS": fp8_bits if fp8 else 0}  # fmt: skip
+             "QSL_ROWS": qsl_rows}  # fmt: skip
     if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
         ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
     if new_v:

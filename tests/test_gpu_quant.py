@@ -492,38 +492,6 @@ def test_fp8_decode(tactic, bs, transposed):
     assert rel_err(out, ref) < FP8_TOL
 
 
-def _bits16(x: torch.Tensor) -> torch.Tensor:
-    return x.view(torch.int16)
-
-
-@needs_fp8
-@pytest.mark.parametrize("bits", [1, 2, 3])
-@pytest.mark.parametrize("bs", [16, 64])
-@pytest.mark.parametrize(
-    "tactic", [dec.DECODE_TACTICS[0], *dec.LARGE_BATCH_TACTICS], ids=lambda t: t.name
-)
-def test_fp8_bits_decode_gives_the_converting_kernels_bits(tactic, bs, bits):
-    """fp8_bits (K, V or both widened by byte permutes and logic ops in inline PTX, 2^-8
-    short, the scales making up): the converting kernel's output bits, and with new_v its
-    cache bits too."""
-    ctx = [1, 17, 300, 1100, 64]
-    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs)
-    q = torch.randn(len(ctx), HQ, HD, device=DEV, dtype=BF16)
-    qsl = torch.arange(len(ctx) + 1, device=DEV).int()
-    args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
-    plain = dec.make_decode_attention(tactic)(*args, **sc)
-    fast = dec.make_decode_attention(dec.fp8_bits_tactic(tactic, bits))
-    out = torch.full_like(q, float("nan"))
-    fast(*args, out=out, **sc)
-    assert torch.equal(_bits16(out), _bits16(plain))
-    assert rel_err(out, attn_ref.paged_attention(*args, **sc)) < FP8_TOL
-    nv = torch.randn(len(ctx), HKV, HD, device=DEV, dtype=BF16)
-    vc2 = vc.clone()
-    want = dec.make_decode_attention(tactic)(q, kc, vc, bt, cl, qsl, HD**-0.5, new_v=nv, **sc)
-    got = fast(q, kc, vc2, bt, cl, qsl, HD**-0.5, new_v=nv, **sc)
-    assert torch.equal(_bits16(got), _bits16(want)) and same_bits(vc2, vc)
-
-
 @needs_fp8
 @pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
 @pytest.mark.parametrize("bs", [16, 128])
@@ -541,24 +509,6 @@ def test_fp8_prefill(tactic, bs, transposed):
         q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **sc
     )
     assert rel_err(out2, ref) < FP8_TOL
-
-
-@needs_fp8
-@pytest.mark.parametrize("bits", [1, 2, 3])
-@pytest.mark.parametrize("fp8_queries", [False, True])
-@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
-def test_fp8_bits_prefill_gives_the_converting_kernels_bits(tactic, fp8_queries, bits):
-    """fp8_bits in the prefill kernel (inline PTX; K widened only for fp16 Q.K): the output
-    bits of the converting kernel."""
-    new, ctx = [300, 1, 77], [300, 40, 500]
-    kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=32)
-    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=DEV).int()
-    q = torch.randn(sum(new), HQ, HD, device=DEV, dtype=BF16)
-    args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
-    kw = dict(fp8_queries=fp8_queries, **sc)
-    plain = pf.make_prefill_attention(tactic)(*args, **kw)
-    fast = pf.make_prefill_attention(dec.fp8_bits_tactic(tactic, bits))
-    assert torch.equal(_bits16(fast(*args, **kw)), _bits16(plain))
 
 
 @needs_fp8

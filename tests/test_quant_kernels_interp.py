@@ -24,7 +24,6 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 else:
     import torch
     import triton
-    import triton.language as tl
     import triton_interp_compat  # noqa: F401  (Triton interpreter vs NumPy 2.4)
     from kernel_checks import (
         fp8_hard_values,
@@ -42,7 +41,6 @@ else:
     from ingot.plugins.attention import triton_decode as dec
     from ingot.plugins.attention import triton_kv_write as kvw
     from ingot.plugins.attention import triton_prefill as pf
-    from ingot.plugins.attention.fp8_bits import FP8_BITS_SCALE, fp8_to_f16_scaled
     from ingot.plugins.attention.layout import is_transposed, v_like
     from ingot.plugins.quant import cuda_fp8
     from ingot.plugins.quant import reference as qref
@@ -660,50 +658,6 @@ else:
         tol = 5e-2 if fp8 or dtype != torch.float32 else 1e-5
         assert rel_err(out, ref) < tol
 
-    def _same_fp16(a, b):
-        return a.dtype == b.dtype == torch.float16 and torch.equal(a.view(torch.int16),
-                                                                   b.view(torch.int16))  # fmt: skip
-
-    @triton.jit
-    def _widen_kernel(x_ptr, o_ptr, N: tl.constexpr):
-        i = tl.arange(0, N)
-        tl.store(o_ptr + i, fp8_to_f16_scaled(tl.load(x_ptr + i)))
-
-    def test_fp8_bits_widen_every_byte_exactly():
-        """fp8_bits.fp8_to_f16_scaled: every e4m3 byte but the two NaNs (subnormals, zeros of
-        both signs, +-448) as fp16 equal to its value times 2^-8, bit for bit."""
-        x = torch.arange(256, dtype=torch.uint8).view(F8)
-        out = torch.empty(256, dtype=torch.float16)
-        _widen_kernel[(1,)](x, out, N=256)
-        finite = ~x.float().isnan()
-        want = (x.float() / FP8_BITS_SCALE.value).half()
-        assert _same_fp16(out[finite], want[finite])
-        assert finite.sum() == 254 and out[1] > 0 and out[0x81] < 0 and out[0].item() == 0.0
-
-    @pytest.mark.parametrize("bits", [1, 2, 3])
-    @pytest.mark.parametrize("tactic", [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[-2]],
-                             ids=lambda t: t.name)  # fmt: skip
-    @pytest.mark.parametrize("bs", [BS, 64])
-    def test_fp8_bits_decode_gives_the_converting_kernels_bits(bits, tactic, bs):
-        """fp8_bits (K, V or both widened 2^-8 short, the scales making up by powers of two):
-        the output bits of the converting kernel, with one split (p128) and split contexts
-        merged in the last program (t4096), FP8 output too."""
-        torch.manual_seed(8)
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch([1] * 3, [5, 70, 33], torch.float16, "fp8", bs)
-        q = q * 4
-        args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
-        plain = dec.make_decode_attention(tactic)(*args, **scales)
-        fast = dec.make_decode_attention(dec.fp8_bits_tactic(tactic, bits))(*args, **scales)
-        assert (
-            _same_fp16(fast, plain)
-            and rel_err(plain, attn_ref.paged_attention(*args, **scales)) < 5e-2
-        )
-        os_ = plain.float().abs().amax() / 448
-        fn = dec.make_paged_attention(dec.combine_tactics(dec.fp8_bits_tactic(tactic, bits),
-                                                          pf.PREFILL_TACTICS[0]))  # fmt: skip
-        quant = fn(*args, max_query_len=1, out_scale=os_, **scales)
-        assert quant.dtype == F8 and same_bits(quant, tq.quantize_fp8(plain, os_))
-
     @pytest.mark.parametrize("kind", KV_KINDS[:2])
     @pytest.mark.parametrize("target", [1, 12, 1024])
     @pytest.mark.parametrize("window", [None, 20])
@@ -947,21 +901,6 @@ else:
         # the kernel's summation order does)
         assert rel_err(out, ref) < 5e-3 < rel_err(out, plain)
         assert torch.equal(rows[3, 1], q[3, 1]) and not torch.equal(rows, q)
-
-    @pytest.mark.parametrize("bits", [1, 2, 3])
-    @pytest.mark.parametrize("fp8_queries", [False, True])
-    @pytest.mark.parametrize("params", [SMALL_TILES[0], SMALL_TILES[-1]], ids=lambda t: t.name)
-    def test_fp8_bits_prefill_gives_the_converting_kernels_bits(bits, fp8_queries, params):
-        """fp8_bits in the prefill kernel (K widened for fp16 Q.K only, V for P.V): the output
-        bits of the converting kernel, prompts after a prefix and a one-token chunk, FP8 Q.K
-        or not, GQA packing or not."""
-        torch.manual_seed(19)
-        q, kc, vc, bt, cl, qsl, scales = _kv_batch([7, 1, 20], [7, 30, 60], torch.float16, "fp8")
-        args = (q, kc, vc, bt, cl, qsl, HD**-0.5)
-        kw = dict(fp8_queries=fp8_queries, **scales)
-        plain = pf.make_prefill_attention(params)(*args, **kw)
-        fast = pf.make_prefill_attention(dec.fp8_bits_tactic(params, bits))(*args, **kw)
-        assert _same_fp16(fast, plain) and not plain.isnan().any()
 
     @pytest.mark.parametrize("block_n", [16, 32])
     @pytest.mark.parametrize("peaked", [False, True])

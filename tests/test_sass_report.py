@@ -151,34 +151,14 @@ def test_fp8mma_decode_experiment_runs_both_dots_on_fp8_wgmma():
     assert mod.resources(k.asm["cubin"])["stack"] == 0
 
 
-def _loop_opcodes(mod, tactic, fp8_bits: int) -> list[str]:
-    """The opcodes inside the loops of `tactic`'s FP8-cache decode kernel (no new_v)."""
-    from ingot.plugins.attention import triton_decode as dec
-
-    p = tactic.as_dict()
-    block_n = min(int(p["block_n"]), int(p["partition"]))
-    src = mod._source(True, False, block_n, int(p["num_warps"]), dec.split_min_keys(p, block_n),
-                      fp8_bits=fp8_bits)  # fmt: skip
-    k = mod.compile_sm90(src, num_warps=int(p["num_warps"]), num_stages=int(p["num_stages"]))
-    (sass,) = mod.cuobjdump(k.asm["cubin"], "-sass")
-    instrs = mod.sass_instructions(sass)
-    spans = mod.loops(instrs)
-    return [mod.opcode(op) for a, op in instrs if any(lo <= a <= hi for lo, hi in spans)]
-
-
-def test_fp8_bits_decode_widens_the_cache_without_the_conversion_unit():
-    """fp8_bits' inline PTX assembles (ptxas) and moves the cache's widening off the conversion
-    unit: the one-warp large-batch FP8 decode loop converts K and V with 128 e4m3 unpacks a
-    lane (256 bytes of K and V a 32-key tile); with V widened by bit moves half remain, with both
-    none, and byte permutes appear instead (2 a word of 4 bytes)."""
+def test_kernel_source_gives_constexprs_not_passed_their_defaults():
+    """A kernel's constexpr with a default that a report does not pass compiles with the
+    default, not as a runtime integer (which would compile both sides of its branches)."""
     mod = _script()
-    from ingot.plugins.attention import triton_decode as dec
+    from ingot.plugins.attention import triton_prefill as pf
 
-    large = next(t for t in dec.DECODE_TACTICS if t.name == "p128_n32_w1_s3_t4096")
-    unpacks = {}
-    for bits in (0, 2, 3):
-        ops = _loop_opcodes(mod, large, bits)
-        unpacks[bits] = sum(o.startswith("F2FP") and "E4M3" in o for o in ops)
-        if bits == 3:
-            assert sum(o.startswith("PRMT") for o in ops) >= 128
-    assert unpacks == {0: 128, 2: 64, 3: 0}, unpacks
+    src = mod.kernel_source(pf._prefill_kernel, {"q_ptr": "*bf16"}, {"HD": 128})
+    idx = pf._prefill_kernel.arg_names.index
+    assert src.signature["FP8_QK"] == "constexpr" and src.signature["HD"] == "constexpr"
+    assert src.constants[(idx("FP8_QK"),)] is False and src.constants[(idx("HD"),)] == 128
+    assert src.signature["G"] == "i32"  # a runtime argument stays one

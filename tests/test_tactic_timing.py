@@ -78,39 +78,9 @@ def test_large_batch_decode_tactic_override_for_ab_runs(monkeypatch):
         args, kwargs = shapes.decode_batch(batch, 20, False)
         fn(*args, max_query_len=1, **kwargs)
     assert seen == [small.as_dict(), other.as_dict()]
-    bits = dec.fp8_bits_tactic(large, 2)  # an fp8_bits twin, for the A/B of an FP8 cache
-    monkeypatch.setenv(dec.LARGE_DECODE_ENV, bits.name)
-    fn(*args, max_query_len=1, **kwargs)
-    assert seen[-1] == bits.as_dict() and seen[-1]["fp8_bits"] == 2
     monkeypatch.setenv(dec.LARGE_DECODE_ENV, "p1_nope")
     with pytest.raises(ValueError, match="p128_n32_w1_s3_t4096"):
         fn(*args, max_query_len=1, **kwargs)
-
-
-def test_fp8_bits_switches_for_ab_runs(monkeypatch):
-    """INGOT_PREFILL_FP8_BITS adds fp8_bits to the prefill launches of a built engine's
-    attention, INGOT_DECODE_FP8_BITS to its decode launches (nothing without them)."""
-    seen, dseen = [], []
-    monkeypatch.setattr(dec, "launch_prefill", lambda *a, **kw: seen.append(a[10]))
-    monkeypatch.setattr(dec, "launch_decode", lambda *a, **kw: dseen.append(a[9]))
-    fn = dec.make_paged_attention(
-        dec.combine_tactics(dec.DECODE_TACTICS[0], dec.PREFILL_TACTICS[1])
-    )
-    args, kwargs = _Shapes(LLAMA_3_1_8B, BUILD, device="cpu").decode_batch(4, 20, False)
-    fn(*args, max_query_len=2, **kwargs)
-    monkeypatch.setenv(dec.PREFILL_BITS_ENV, "2")
-    fn(*args, max_query_len=2, **kwargs)
-    assert seen == [
-        dec.PREFILL_TACTICS[1].as_dict(),
-        dec.PREFILL_TACTICS[1].as_dict() | {"fp8_bits": 2},
-    ]
-    fn(*args, max_query_len=1, **kwargs)
-    monkeypatch.setenv(dec.DECODE_BITS_ENV, "3")
-    fn(*args, max_query_len=1, **kwargs)
-    assert dseen == [
-        dec.DECODE_TACTICS[0].as_dict(),
-        dec.DECODE_TACTICS[0].as_dict() | {"fp8_bits": 3},
-    ]
 
 
 def test_short_context_launches_run_the_short_context_decode_tactic(monkeypatch):

@@ -42,7 +42,6 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
-from .fp8_bits import FP8_BITS_SCALE, fp8_bits_tactic, fp8_to_f16_scaled
 from .layout import SHORT_CONTEXT, check_kv_layout, is_transposed
 from .reference import ANY_DECODES, check_new_v, decode_rows
 from .triton_decode_fp8mma import decode_fp8mma
@@ -179,8 +178,6 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
         ),
     ),  # fmt: skip
 )
-
-
 # the tactics meant for large batches (a target program count): the GPU tests run each as one
 LARGE_BATCH_TACTICS = tuple(t for t in DECODE_TACTICS if "programs" in t.as_dict())
 # Decode steps with at least this many sequences x kv heads run the engine's large-batch
@@ -308,13 +305,10 @@ def _decode_kernel(
     SEG: tl.constexpr = 32,
     SPLIT_MIN: tl.constexpr = 0,
     QSL_ROWS: tl.constexpr = False,
-    FP8_BITS: tl.constexpr = 0,
 ):
     """QSL_ROWS: program b is sequence b of a step with prompts (seq0 0) and attends only if
     that sequence has one query, at row qsl[b] of q and out (ANY_DECODES, reference.py);
-    otherwise row b of q and out is sequence seq0 + b, one query each. FP8_BITS (an FP8 cache
-    with fp16 dots): bit 0, K widened by fp8_bits instead of converted; bit 1, V; the same
-    bits out."""
+    otherwise row b of q and out is sequence seq0 + b, one query each."""
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
@@ -348,8 +342,6 @@ def _decode_kernel(
             scale_log2 = scale_log2 * tl.load(ks_ptr)
             if not IEEE:  # the dots run in fp16 (fp16_query)
                 q, scale_log2 = fp16_query(q, scale_log2)
-            if FP8_BITS & 1:  # K widened 2^-8 short
-                scale_log2 = scale_log2 * FP8_BITS_SCALE
         hi = end
         if WRITE_V:
             if end == ctx:
@@ -360,20 +352,17 @@ def _decode_kernel(
                 m_i, l_i, acc = _decode_tile(
                     q, m_i, l_i, acc, last, end, ctx, window, scale_log2, kc_ptr, vc_ptr, nv,
                     bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                    BLOCK_N, SEG, True, FP8_BITS,
+                    BLOCK_N, SEG, True,
                 )  # fmt: skip
                 hi = last
         for n0 in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _decode_tile(
                 q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
                 bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                BLOCK_N, SEG, False, FP8_BITS,
+                BLOCK_N, SEG, False,
             )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
-            if FP8_BITS & 2:  # V widened 2^-8 short
-                acc = acc * (tl.load(vs_ptr) * FP8_BITS_SCALE)
-            else:
-                acc = acc * tl.load(vs_ptr)
+            acc = acc * tl.load(vs_ptr)
         if SPLIT:
             n_used = tl.cdiv(ctx - first, part)  # splits holding keys of this sequence
             if n_used > 1:  # each writes partials; the last one done merges them
@@ -407,11 +396,9 @@ def _decode_tile(
     s_blk, s_tok, s_h,
     HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, PUT_V: tl.constexpr,
-    FP8_BITS: tl.constexpr = 0,
 ):  # fmt: skip
     """Keys n0 .. n0 + BLOCK_N - 1 (those < end) into the online softmax (m_i, l_i, acc).
-    PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet.
-    FP8_BITS: as _decode_kernel's (K and/or V widened 2^-8 short, the caller's scales make up)."""
+    PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < end
     if USE_WINDOW:
@@ -428,22 +415,20 @@ def _decode_tile(
     if PUT_V:
         v = _put_new_v(vc_ptr, v, nv, bt_row, ctx - 1, n0, kvh, d, dm, s_blk, s_tok, s_h,
                        HD, BS, V_T, BLOCK_N, SEG)  # fmt: skip
-    k = fp8_to_f16_scaled(k) if FP8_BITS & 1 else k.to(q.dtype)
-    v = fp8_to_f16_scaled(v) if FP8_BITS & 2 else v.to(q.dtype)
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale_log2
     else:
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2
     s = tl.where(tv[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IEEE:
-        pv = tl.dot(p.to(q.dtype), v, input_precision="ieee")
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
     else:
-        pv = tl.dot(p.to(q.dtype), v)
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
@@ -664,8 +649,6 @@ def launch_decode(
         SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
         SPLIT_MIN=split_min,
         QSL_ROWS=qsl is not None,
-        # NOTE: only where the dots run in fp16 on an FP8 cache
-        FP8_BITS=int(params.get("fp8_bits", 0)) if fp8 and q.dtype != torch.float32 else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": int(params["maxnreg"])} if "maxnreg" in params else {}),
@@ -767,17 +750,6 @@ FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
 # replaces the engine's large-batch decode tactic, so two picks are compared on one engine in
 # one device call (the build's pick changes only with a rebuild).
 LARGE_DECODE_ENV = "INGOT_LARGE_DECODE_TACTIC"
-# EXPERIMENT, A/B switches as the ones above: INGOT_PREFILL_FP8_BITS=<1|2|3> widens an FP8
-# cache's K and/or V in the engine's prefill launches by bit moves (fp8_bits.py; same bits out),
-# INGOT_DECODE_FP8_BITS in its decode launches (whichever tactic each launch takes).
-PREFILL_BITS_ENV = "INGOT_PREFILL_FP8_BITS"
-DECODE_BITS_ENV = "INGOT_DECODE_FP8_BITS"
-
-
-def _with_bits(params: dict, env: str) -> dict:
-    """params with the fp8_bits that `env` sets, when it is set."""
-    bits = os.environ.get(env)
-    return params | {"fp8_bits": int(bits)} if bits else params
 
 
 def _large_decode_override() -> dict | None:
@@ -785,15 +757,10 @@ def _large_decode_override() -> dict | None:
     name = os.environ.get(LARGE_DECODE_ENV)
     if not name:
         return None
-    # the decode tactics, and the large-batch ones' fp8_bits twins (an FP8 cache's A/B)
-    known = (
-        *DECODE_TACTICS,
-        *(fp8_bits_tactic(t, b) for t in LARGE_BATCH_TACTICS for b in (1, 2, 3)),
-    )
-    for t in known:
+    for t in DECODE_TACTICS:
         if t.name == name:
             return t.as_dict()
-    names = ", ".join(t.name for t in known)
+    names = ", ".join(t.name for t in DECODE_TACTICS)
     raise ValueError(f"{LARGE_DECODE_ENV}={name} is not a decode tactic; one of: {names}")
 
 
@@ -817,10 +784,8 @@ def make_paged_attention(tactic: Tactic | None = None):
     def decode_params(rows: int, bound: int) -> dict:
         """The decode tactic for `rows` = sequences x kv heads under a context bound."""
         if rows >= LARGE_BATCH_ROWS:
-            params = _large_decode_override() or large_params
-        else:
-            params = short_params if bound <= SHORT_CONTEXT else dec_params
-        return _with_bits(params, DECODE_BITS_ENV)
+            return _large_decode_override() or large_params
+        return short_params if bound <= SHORT_CONTEXT else dec_params
 
     def paged_attention(
         q: torch.Tensor,
@@ -877,8 +842,8 @@ def make_paged_attention(tactic: Tactic | None = None):
             # takes them at their rows, the prefill kernel skips them
             launch_prefill(
                 q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                window, int(max_query_len), out, _with_bits(pf_params, PREFILL_BITS_ENV), k_scale, v_scale,
-                out_scale, skip_single=True, fp8_queries=fp8_queries,
+                window, int(max_query_len), out, pf_params, k_scale, v_scale, out_scale,
+                skip_single=True, fp8_queries=fp8_queries,
             )  # fmt: skip
             launch_decode(
                 q, k_cache, v_cache, block_tables, context_lens, scale, window, table_len, out,
@@ -902,7 +867,7 @@ def make_paged_attention(tactic: Tactic | None = None):
         launch_prefill(
             q[: T - nd], k_cache, v_cache, block_tables[: B - nd], context_lens[: B - nd],
             query_start_loc[: B - nd + 1], scale, window, int(max_query_len), out[: T - nd],
-            _with_bits(pf_params, PREFILL_BITS_ENV), k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
+            pf_params, k_scale, v_scale, out_scale, fp8_queries=fp8_queries,
         )  # fmt: skip
         f8 = _fp8mma_variant(nd * hkv, k_scale, v_cache, window, new_v) if nd else None
         if f8 is not None:

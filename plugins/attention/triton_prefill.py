@@ -21,7 +21,6 @@ import triton.language as tl
 from ..pdl import launch_options, pdl_begin
 from ..quant.triton_quantize import quant_fp8, to_fp8
 from ..registry import Tactic
-from .fp8_bits import FP8_BITS_SCALE, fp8_to_f16_scaled
 from .layout import check_kv_layout
 
 PREFILL_TACTICS: tuple[Tactic, ...] = (
@@ -186,13 +185,10 @@ def _attend(
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
     FP8_QK: tl.constexpr = False,
-    FP8_BITS: tl.constexpr = 0,
 ):
     """One BLOCK_N tile of keys into the online softmax. MASKED=False: every key of the tile
     is visible to every query of the tile (below the causal diagonal, inside the context).
-    FP8_QK: q is FP8 (fp8_query) and scale_log2 one scale per row; P.V stays in fp16.
-    FP8_BITS: bit 0, K widened by fp8_bits (not with FP8_QK), bit 1, V; 2^-8 short each, the
-    caller's scales make up."""
+    FP8_QK: q is FP8 (fp8_query) and scale_log2 one scale per row; P.V stays in fp16."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < hi
     base, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
@@ -208,8 +204,6 @@ def _attend(
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
-    elif FP8_BITS & 1:
-        s = tl.dot(q, tl.trans(fp8_to_f16_scaled(k)))
     else:
         s = tl.dot(q, tl.trans(k.to(q.dtype)))
     if MASKED:
@@ -233,9 +227,10 @@ def _attend(
     # second [BLOCK_M, D] fp32 tile and add)
     if IEEE:
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+    elif FP8_QK:
+        acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
     else:
-        v = fp8_to_f16_scaled(v) if FP8_BITS & 2 else v.to(tl.float16 if FP8_QK else q.dtype)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -286,15 +281,13 @@ def _prefill_kernel(
     QUANT_OUT: tl.constexpr = False,
     SKIP_SINGLE: tl.constexpr = False,
     FP8_QK: tl.constexpr = False,
-    FP8_BITS: tl.constexpr = 0,
 ):
     """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
     (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
     BLOCK_M // G queries of the tile for each of the G q heads sharing that kv head, so every
     K/V tile is loaded once for the group instead of once per head. SKIP_SINGLE: sequences of
     one query are left alone (the decode kernel takes them: ANY_DECODES). FP8_QK (an FP8
-    cache): queries rounded to FP8 per row, Q.K on FP8 tensor cores (fp8_query). FP8_BITS (an
-    FP8 cache, fp16 dots): as _attend's, the same output bits."""
+    cache): queries rounded to FP8 per row, Q.K on FP8 tensor cores (fp8_query)."""
     pdl_begin(PDL)
     QM: tl.constexpr = BLOCK_M // PACK  # queries per tile
     # NOTE: the last query tiles (the most keys under causal masking) start first.
@@ -340,8 +333,6 @@ def _prefill_kernel(
                 q, sc = fp8_query(q, sc)
             elif not IEEE:
                 q, sc = fp16_query(q, sc)
-            if FP8_BITS & 1:  # K widened 2^-8 short
-                sc = sc * FP8_BITS_SCALE
         lo = 0
         if USE_WINDOW:
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
@@ -352,20 +343,17 @@ def _prefill_kernel(
                 acc, m_i, l_i = _attend(
                     q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                     kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
-                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, FP8_BITS,
+                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
                 )  # fmt: skip
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                 kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
-                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, FP8_BITS,
+                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
             )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v
-            if FP8_BITS & 2:  # V widened 2^-8 short
-                acc = acc * (tl.load(vs_ptr) * FP8_BITS_SCALE)
-            else:
-                acc = acc * tl.load(vs_ptr)
+            acc = acc * tl.load(vs_ptr)
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_i[:, None]
         tl.store(
@@ -450,10 +438,6 @@ def launch_prefill(
         QUANT_OUT=out_scale is not None,
         SKIP_SINGLE=skip_single,
         FP8_QK=fp8_queries,
-        # K widened only for fp16 Q.K dots; V for any 16-bit queries on an FP8 cache
-        FP8_BITS=(int(params.get("fp8_bits", 0)) & (2 if fp8_queries else 3))
-        if fp8 and q.dtype != torch.float32
-        else 0,
         **launch_options(),
     )
 
