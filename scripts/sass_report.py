@@ -34,8 +34,9 @@ _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def _source(
-    fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int, qsl_rows: bool = False
-) -> ASTSource:
+    fp8: bool, new_v: bool, block_n: int, num_warps: int, split_min: int, qsl_rows: bool = False,
+    bt_ahead: bool = False,
+) -> ASTSource:  # fmt: skip
     fn = dec._decode_kernel
     cache = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "bt_ptr": "*i32",
@@ -45,7 +46,7 @@ def _source(
              "KV_FP8": fp8, "BLOCK_N": block_n, "G_PAD": 16, "D_PAD": HD, "G_POW2": G,
              "MERGE_SPLITS": dec.merge_splits(G, HD, num_warps), "PDL": False,
              "QUANT_OUT": fp8, "WRITE_V": new_v, "SEG": 32, "SPLIT_MIN": split_min,
-             "QSL_ROWS": qsl_rows}  # fmt: skip
+             "QSL_ROWS": qsl_rows, "BT_AHEAD": bt_ahead}  # fmt: skip
     if fp8:  # scales: an FP8 cache's and the FP8 o projection's input
         ptrs |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "os_ptr": "*fp32"}
     if new_v:
@@ -147,7 +148,7 @@ def report(
             for nv, qr in combos:
                 block_n = min(int(p["block_n"]), int(p["partition"]))
                 src = _source(cache == "fp8", nv, block_n, warps,
-                              dec.split_min_keys(p, block_n), qr)  # fmt: skip
+                              dec.split_min_keys(p, block_n), qr, bool(p.get("bt_ahead")))  # fmt: skip
                 cap = {"maxnreg": int(p["maxnreg"])} if "maxnreg" in p else {}
                 k = compile_sm90(src, num_warps=warps, num_stages=stages, **cap)
                 row = {"tactic": tactic.name, "cache": cache, "new_v": nv, "qsl_rows": qr,

@@ -641,9 +641,9 @@ else:
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize(
         "tactic",
-        # the last: ptxas options (maxnreg) pass through the launch
+        # the last: each tile's block-table entry read a tile ahead (bt_ahead)
         [dec.DECODE_TACTICS[0], dec.DECODE_TACTICS[3], dec.DECODE_TACTICS[-2],
-         next(t for t in dec.DECODE_TACTICS if "maxnreg" in t.as_dict())],
+         next(t for t in dec.DECODE_TACTICS if "bt_ahead" in t.as_dict())],
         ids=lambda t: t.name,
     )  # fmt: skip
     @pytest.mark.parametrize("bs", [BS, 64])  # key tiles across blocks; inside one block

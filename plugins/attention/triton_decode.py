@@ -139,19 +139,32 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
             ("split_min", 256),
         ),
     ),  # fmt: skip
-    # the one-warp large-batch tactic held to 128 registers (ptxas `maxnreg`): with an FP8
-    # cache it needs 164 (12 programs an SM), capped 16 fit, at 32 bytes of spills
-    # (scripts/sass_report.py). 128/128's 4,096 programs (512 sequences x 8 kv heads) then take
-    # 1.9 waves of the H100's 132 SMs instead of 2.6; the timed builds decide whether it pays.
+    # the large-batch tactics with each tile's block-table entry read a tile ahead (BT_AHEAD):
+    # two tiles of K/V in flight a program instead of one (20 KB of shared memory against 12,
+    # so 10 one-warp programs an SM instead of 12). Why: at 512 x 192 keys the one-warp FP8
+    # kernel waits on global memory for 65% of its stalls at ~11 warps an SM (Nsight Compute,
+    # H100, docs/performance.md 12-06 14:20); the timed builds decide whether it pays.
     Tactic(
-        "p128_n32_w1_s3_t4096_r128",
+        "p512_n32_w1_s3_t8192_m512_a",
         (
-            ("partition", 128),
+            ("partition", 512),
             ("block_n", 32),
             ("num_warps", 1),
             ("num_stages", 3),
-            ("programs", 4096),
-            ("maxnreg", 128),
+            ("programs", 8192),
+            ("split_min", 512),
+            ("bt_ahead", 1),
+        ),
+    ),  # fmt: skip
+    Tactic(
+        "p128_n32_w2_s3_t2048_a",
+        (
+            ("partition", 128),
+            ("block_n", 32),
+            ("num_warps", 2),
+            ("num_stages", 3),
+            ("programs", 2048),
+            ("bt_ahead", 1),
         ),
     ),  # fmt: skip
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
@@ -305,10 +318,14 @@ def _decode_kernel(
     SEG: tl.constexpr = 32,
     SPLIT_MIN: tl.constexpr = 0,
     QSL_ROWS: tl.constexpr = False,
+    BT_AHEAD: tl.constexpr = False,
 ):
     """QSL_ROWS: program b is sequence b of a step with prompts (seq0 0) and attends only if
     that sequence has one query, at row qsl[b] of q and out (ANY_DECODES, reference.py);
-    otherwise row b of q and out is sequence seq0 + b, one query each."""
+    otherwise row b of q and out is sequence seq0 + b, one query each. BT_AHEAD (tiles inside
+    one block): each tile's block-table entry read one tile ahead, so that Triton's pipeliner
+    keeps num_stages - 1 tiles of K/V in flight (with the entry read in the same iteration it
+    kept one buffer: the copy of the next tile waited for the current tile's math)."""
     pdl_begin(PDL)
     b = tl.program_id(0)  # row of q and out; sequence seq0 + b of the batch
     kvh = tl.program_id(1)
@@ -355,12 +372,26 @@ def _decode_kernel(
                     BLOCK_N, SEG, True,
                 )  # fmt: skip
                 hi = last
-        for n0 in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = _decode_tile(
-                q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
-                bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                BLOCK_N, SEG, False,
-            )  # fmt: skip
+        if BT_AHEAD:
+            # each tile's block read one tile ahead: its K/V addresses come from the loop's
+            # carried value, not from a load in the same iteration
+            blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64)
+            for n0 in range(lo, hi, BLOCK_N):
+                nb = n0 + BLOCK_N
+                nxt = tl.load(bt_row + nb // BS, mask=nb < hi, other=0).to(tl.int64)
+                m_i, l_i, acc = _decode_tile(
+                    q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
+                    bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
+                    BLOCK_N, SEG, False, blk,
+                )  # fmt: skip
+                blk = nxt
+        else:
+            for n0 in range(lo, hi, BLOCK_N):
+                m_i, l_i, acc = _decode_tile(
+                    q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
+                    bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
+                    BLOCK_N, SEG, False,
+                )  # fmt: skip
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
             acc = acc * tl.load(vs_ptr)
         if SPLIT:
@@ -396,6 +427,7 @@ def _decode_tile(
     s_blk, s_tok, s_h,
     HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, USE_WINDOW: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, PUT_V: tl.constexpr,
+    blk=None,
 ):  # fmt: skip
     """Keys n0 .. n0 + BLOCK_N - 1 (those < end) into the online softmax (m_i, l_i, acc).
     PUT_V: the tile holds the newest key (ctx - 1), whose V `nv` is not in the cache yet."""
@@ -403,15 +435,24 @@ def _decode_tile(
     tv = t < end
     if USE_WINDOW:
         tv = tv & (t > ctx - 1 - window)
-    base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
+    if blk is None:
+        base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
+    else:  # the tile's block, read ahead (BT_AHEAD: BS a multiple of BLOCK_N)
+        base, rows = blk * s_blk + kvh * s_h, (t % BS) * s_tok
     off = rows[:, None] + d[None, :]
     kv_mask = tv[:, None] & dm[None, :]
     # an FP8 cache's K/V convert exactly to q's dtype (fp16 unless IEEE); the scales are
     # applied outside the loop
     k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
-    v = load_v(
-        vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N,
-    )  # fmt: skip
+    if blk is not None and V_T:  # load_v's one-block read, from the block read ahead
+        r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
+        vb = blk * s_blk + kvh * (HD * BS)
+        v = tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
+    else:
+        v = load_v(
+            vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk, HD, BS, V_T,
+            BLOCK_N,
+        )  # fmt: skip
     if PUT_V:
         v = _put_new_v(vc_ptr, v, nv, bt_row, ctx - 1, n0, kvh, d, dm, s_blk, s_tok, s_h,
                        HD, BS, V_T, BLOCK_N, SEG)  # fmt: skip
@@ -649,6 +690,8 @@ def launch_decode(
         SEG=math.gcd(k_cache.shape[1], 32),  # a sector of FP8 tokens, or a block's share of it
         SPLIT_MIN=split_min,
         QSL_ROWS=qsl is not None,
+        # tiles inside one block only (the block-table entry is the tile's)
+        BT_AHEAD=bool(params.get("bt_ahead")) and k_cache.shape[1] % block_n == 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": int(params["maxnreg"])} if "maxnreg" in params else {}),
