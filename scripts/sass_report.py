@@ -58,8 +58,9 @@ def _source(
 
 def kernel_source(fn, ptrs: dict[str, str], const: dict) -> ASTSource:
     """An attention kernel's launch as a compile source: pointers of the given types, the
-    constexprs given (the others their defaults), every other pointer None, scale_log2 fp32 and the other scalars int32;
-    pointers and strides 16-divisible, as the launchers' tensors are."""
+    constexprs given (the others their defaults), every other pointer None, scale_log2 fp32
+    and the other scalars int32; pointers and strides 16-divisible, as the launchers'
+    tensors are."""
     const, sig = dict(const), {}
     # constexprs not given take their defaults (a new one must not become a runtime int)
     const |= {p.name: p.default for p in fn.params
@@ -149,8 +150,7 @@ def report(
                 block_n = min(int(p["block_n"]), int(p["partition"]))
                 src = _source(cache == "fp8", nv, block_n, warps,
                               dec.split_min_keys(p, block_n), qr, bool(p.get("bt_ahead")))  # fmt: skip
-                cap = {"maxnreg": int(p["maxnreg"])} if "maxnreg" in p else {}
-                k = compile_sm90(src, num_warps=warps, num_stages=stages, **cap)
+                k = compile_sm90(src, num_warps=warps, num_stages=stages)
                 row = {"tactic": tactic.name, "cache": cache, "new_v": nv, "qsl_rows": qr,
                        "shared_bytes": k.metadata.shared, **resources(k.asm["cubin"])}  # fmt: skip
                 # programs per SM the registers allow (allocated per warp in units of 256)

@@ -55,6 +55,39 @@ from .triton_prefill import (
     out_values,
 )
 
+# for large batches, the context split until 8,192 programs run but no sequence's split
+# shorter than 512 (256) keys: a step whose batch fills its graph's bucket only in part
+# (435 sequences padded to 512 at 2,048 / 2,048) otherwise got one split, 2.2 waves of
+# 3,072-key programs on the H200's SMs (the engine's decode attention ~20% slower than at
+# 448 sequences in two splits).
+_T8192_M512 = Tactic(
+    "p512_n32_w1_s3_t8192_m512",
+    (
+        ("partition", 512),
+        ("block_n", 32),
+        ("num_warps", 1),
+        ("num_stages", 3),
+        ("programs", 8192),
+        ("split_min", 512),
+    ),
+)  # fmt: skip
+_W2_T2048 = Tactic(
+    "p128_n32_w2_s3_t2048",
+    (
+        ("partition", 128),
+        ("block_n", 32),
+        ("num_warps", 2),
+        ("num_stages", 3),
+        ("programs", 2048),
+    ),
+)  # fmt: skip
+
+
+def _read_ahead(tactic: Tactic) -> Tactic:
+    """`tactic` with each tile's block-table entry read a tile ahead (BT_AHEAD)."""
+    return Tactic(tactic.name + "_a", (*tactic.params, ("bt_ahead", 1)))
+
+
 DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "p128_n32_w4_s3", (("partition", 128), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
@@ -112,22 +145,7 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
             ("split_min", 128),
         ),
     ),  # fmt: skip
-    # for large batches, the context split until 8,192 programs run but no sequence's split
-    # shorter than 512 (256) keys: a step whose batch fills its graph's bucket only in part
-    # (435 sequences padded to 512 at 2,048 / 2,048) otherwise got one split, 2.2 waves of
-    # 3,072-key programs on the H200's SMs (the engine's decode attention ~20% slower than at
-    # 448 sequences in two splits).
-    Tactic(
-        "p512_n32_w1_s3_t8192_m512",
-        (
-            ("partition", 512),
-            ("block_n", 32),
-            ("num_warps", 1),
-            ("num_stages", 3),
-            ("programs", 8192),
-            ("split_min", 512),
-        ),
-    ),  # fmt: skip
+    _T8192_M512,
     Tactic(
         "p256_n32_w1_s3_t8192_m256",
         (
@@ -144,29 +162,8 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # so 10 one-warp programs an SM instead of 12). Why: at 512 x 192 keys the one-warp FP8
     # kernel waits on global memory for 65% of its stalls at ~11 warps an SM (Nsight Compute,
     # H100, docs/performance.md 12-06 14:20); the timed builds decide whether it pays.
-    Tactic(
-        "p512_n32_w1_s3_t8192_m512_a",
-        (
-            ("partition", 512),
-            ("block_n", 32),
-            ("num_warps", 1),
-            ("num_stages", 3),
-            ("programs", 8192),
-            ("split_min", 512),
-            ("bt_ahead", 1),
-        ),
-    ),  # fmt: skip
-    Tactic(
-        "p128_n32_w2_s3_t2048_a",
-        (
-            ("partition", 128),
-            ("block_n", 32),
-            ("num_warps", 2),
-            ("num_stages", 3),
-            ("programs", 2048),
-            ("bt_ahead", 1),
-        ),
-    ),  # fmt: skip
+    _read_ahead(_T8192_M512),
+    _read_ahead(_W2_T2048),
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.
@@ -180,16 +177,7 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
             ("programs", 4096),
         ),
     ),  # fmt: skip
-    Tactic(
-        "p128_n32_w2_s3_t2048",
-        (
-            ("partition", 128),
-            ("block_n", 32),
-            ("num_warps", 2),
-            ("num_stages", 3),
-            ("programs", 2048),
-        ),
-    ),  # fmt: skip
+    _W2_T2048,
 )
 # the tactics meant for large batches (a target program count): the GPU tests run each as one
 LARGE_BATCH_TACTICS = tuple(t for t in DECODE_TACTICS if "programs" in t.as_dict())
@@ -372,26 +360,19 @@ def _decode_kernel(
                     BLOCK_N, SEG, True,
                 )  # fmt: skip
                 hi = last
-        if BT_AHEAD:
-            # each tile's block read one tile ahead: its K/V addresses come from the loop's
-            # carried value, not from a load in the same iteration
-            blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64)
-            for n0 in range(lo, hi, BLOCK_N):
-                nb = n0 + BLOCK_N
-                nxt = tl.load(bt_row + nb // BS, mask=nb < hi, other=0).to(tl.int64)
-                m_i, l_i, acc = _decode_tile(
-                    q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
-                    bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                    BLOCK_N, SEG, False, blk,
-                )  # fmt: skip
-                blk = nxt
-        else:
-            for n0 in range(lo, hi, BLOCK_N):
-                m_i, l_i, acc = _decode_tile(
-                    q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
-                    bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
-                    BLOCK_N, SEG, False,
-                )  # fmt: skip
+        # BT_AHEAD: each tile's block read one tile ahead, so that its K/V addresses come from
+        # the loop's carried value, not from a load in the same iteration
+        blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64) if BT_AHEAD else None
+        for n0 in range(lo, hi, BLOCK_N):
+            if BT_AHEAD:
+                nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
+            m_i, l_i, acc = _decode_tile(
+                q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
+                bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
+                BLOCK_N, SEG, False, blk,
+            )  # fmt: skip
+            if BT_AHEAD:
+                blk = nxt.to(tl.int64)
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
             acc = acc * tl.load(vs_ptr)
         if SPLIT:
@@ -435,24 +416,17 @@ def _decode_tile(
     tv = t < end
     if USE_WINDOW:
         tv = tv & (t > ctx - 1 - window)
-    if blk is None:
-        base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
-    else:  # the tile's block, read ahead (BT_AHEAD: BS a multiple of BLOCK_N)
-        base, rows = blk * s_blk + kvh * s_h, (t % BS) * s_tok
+    # blk: the tile's block, read ahead (BT_AHEAD: BS a multiple of BLOCK_N)
+    base, rows = kv_tile(bt_row, n0, t < end, kvh, s_blk, s_tok, s_h, BS, BLOCK_N, blk)
     off = rows[:, None] + d[None, :]
     kv_mask = tv[:, None] & dm[None, :]
     # an FP8 cache's K/V convert exactly to q's dtype (fp16 unless IEEE); the scales are
     # applied outside the loop
     k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
-    if blk is not None and V_T:  # load_v's one-block read, from the block read ahead
-        r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
-        vb = blk * s_blk + kvh * (HD * BS)
-        v = tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
-    else:
-        v = load_v(
-            vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk, HD, BS, V_T,
-            BLOCK_N,
-        )  # fmt: skip
+    v = load_v(
+        vc_ptr, base, off, kv_mask, bt_row, n0, end, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N,
+        blk,
+    )  # fmt: skip
     if PUT_V:
         v = _put_new_v(vc_ptr, v, nv, bt_row, ctx - 1, n0, kvh, d, dm, s_blk, s_tok, s_h,
                        HD, BS, V_T, BLOCK_N, SEG)  # fmt: skip
@@ -694,7 +668,6 @@ def launch_decode(
         BT_AHEAD=bool(params.get("bt_ahead")) and k_cache.shape[1] % block_n == 0,
         num_warps=num_warps,
         num_stages=num_stages,
-        **({"maxnreg": int(params["maxnreg"])} if "maxnreg" in params else {}),
         **launch_options(),
     )
 

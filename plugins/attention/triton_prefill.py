@@ -100,15 +100,19 @@ def fp8_query_scaled(q, scale_log2):
 
 
 @triton.jit
-def kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+def kv_tile(
+    bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: tl.constexpr, blk=None
+):
     """(base, rows): keys n0 .. n0 + BLOCK_N - 1 of kv head kvh sit at cache + base + rows[i]
     (n0 is a multiple of BLOCK_N). When a block holds a multiple of BLOCK_N tokens the tile
     lies in one block: one block-table read, a scalar 64-bit base and 32-bit offsets (the
     per-token gather and 64-bit address arithmetic cost an FP8 cache, half the bytes per
-    token of a BF16 one, a large share of its time)."""
+    token of a BF16 one, a large share of its time). blk: that block (int64), already read."""
     t = n0 + tl.arange(0, BLOCK_N)
     if BS % BLOCK_N == 0:
-        base = tl.load(bt_row + n0 // BS).to(tl.int64) * s_blk + kvh * s_h
+        if blk is None:
+            blk = tl.load(bt_row + n0 // BS).to(tl.int64)
+        base = blk * s_blk + kvh * s_h
         rows = (t % BS) * s_tok
     else:
         base = kvh.to(tl.int64) * s_h
@@ -120,7 +124,7 @@ def kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: t
 @triton.jit
 def load_v(
     vc_ptr, base, off, kv_mask, bt_row, n0, hi, tv, kvh, d, dm, s_blk,
-    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    HD: tl.constexpr, BS: tl.constexpr, V_T: tl.constexpr, BLOCK_N: tl.constexpr, blk=None,
 ):  # fmt: skip
     """The V tile [BLOCK_N, D_PAD] of keys n0 .. n0 + BLOCK_N - 1 (n0 a multiple of BLOCK_N;
     dims outside `dm` read 0, keys outside `tv` read 0 or, below, finite values whose p is 0;
@@ -129,7 +133,8 @@ def load_v(
     [Hkv, HD, BS] per block of K's size s_blk). When the tile lies in one block it is read
     with tokens contiguous and unmasked along them, so the P.V dot gets V in the order it
     needs; keys past the context in that block hold finite values (the pool is zero-filled,
-    FP8 writes saturate) and their p is 0."""
+    FP8 writes saturate) and their p is 0. blk: the tile's block when it lies in one, already
+    read (kv_tile's)."""
     if not V_T:
         if kv_mask is None:  # the whole tile (prefill below the diagonal)
             v = tl.load(vc_ptr + base + off)
@@ -137,7 +142,9 @@ def load_v(
             v = tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
         return v
     if BS % BLOCK_N == 0:
-        vb = tl.load(bt_row + n0 // BS).to(tl.int64) * s_blk + kvh * (HD * BS)
+        if blk is None:
+            blk = tl.load(bt_row + n0 // BS).to(tl.int64)
+        vb = blk * s_blk + kvh * (HD * BS)
         r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
         return tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
     if BLOCK_N % BS == 0:  # whole blocks: [blocks, BS, D] with tokens contiguous in each
