@@ -25,7 +25,8 @@
 # TPUT_AB_ENV ("NAME=value ...": a runtime switch to compare) each throughput point again under those
 # environment variables (tput_<point>_ab_* in the summary);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
-# build-engine flags for every mode (e.g. "--pdl --fused-norms").
+# build-engine flags for every mode (e.g. "--pdl --fused-norms"); TOKENS_PER_BLOCK the engines' KV block
+# size (default 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
@@ -145,7 +146,7 @@ for m in "${!modes[@]}"; do
   # shellcheck disable=SC2086  # BUILD_ARGS: flags split into words on purpose
   ingot build-engine --checkpoint-dir "$work/ckpt-$base" --output-dir "$work/engine-$mode" \
     --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
-    --tokens-per-block 32 --force ${BUILD_ARGS:-} ${build_of[$mode]:-}
+    --tokens-per-block "${TOKENS_PER_BLOCK:-32}" --force ${BUILD_ARGS:-} ${build_of[$mode]:-}
   lap "build_$mode"
   # where the convert's and the build's time went, phase by phase (before both are deleted)
   mkdir -p "$out/$mode"

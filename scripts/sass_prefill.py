@@ -19,8 +19,10 @@ from triton.compiler import ASTSource
 from ingot.plugins.attention import triton_prefill as pf
 
 HD, BS = 128, 32
-# the tactic the H100 build of 2026-12-06 picked for 2,048-token prompts, and a wide one
-TACTICS = ("m64_n64_w4_s2", "m128_n64_w8_s2")
+# the tactic the H100 build of 2026-12-06 picked for 2,048-token prompts, a wide one, and a
+# tactic of 32-key tiles with its read-ahead twin (each tile's block-table entry read a tile
+# ahead: two K/V tiles in flight)
+TACTICS = ("m64_n64_w4_s2", "m128_n64_w8_s2", "m64_n32_w4_s3", "m64_n32_w4_s3_a")
 PTX_COUNTS = {
     "wgmma_e4m3": r"wgmma\.mma_async\S*e4m3",
     "wgmma_f16": r"wgmma\.mma_async\S*f16\.f16",
@@ -30,29 +32,38 @@ PTX_COUNTS = {
 }
 
 
-def _source(fp8_qk: bool, block_m: int, block_n: int) -> ASTSource:
+def _source(fp8_qk: bool, block_m: int, block_n: int, bt_ahead: bool = False) -> ASTSource:
     fn = pf._prefill_kernel
     ptrs = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
             "vs_ptr": "*fp32", "bt_ptr": "*i32", "ctx_ptr": "*i32", "qsl_ptr": "*i32",
             "out_ptr": "*bf16"}  # fmt: skip
     const = {"HD": HD, "BS": BS, "V_T": True, "USE_WINDOW": False, "IEEE": False, "KV_FP8": True,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "D_PAD": HD, "PDL": False, "PACK": 1,
-             "QUANT_OUT": False, "SKIP_SINGLE": fp8_qk, "FP8_QK": fp8_qk}  # fmt: skip
+             "QUANT_OUT": False, "SKIP_SINGLE": fp8_qk, "FP8_QK": fp8_qk,
+             "BT_AHEAD": bt_ahead and BS % block_n == 0}  # fmt: skip
     return kernel_source(fn, ptrs, const)
 
 
-def report(tactics=TACTICS) -> list[dict]:
+def _kv_buffers(ttgir: str) -> int:
+    """How many FP8 K/V tiles the pipeliner keeps in shared memory at once (the largest leading
+    dimension of the kernel's FP8 [N, BLOCK_N, HD] buffers): 1 means one tile in flight."""
+    dims = re.findall(r"local_alloc[^\n]*memdesc<(\d+)x\d+x\d+xf8E4M3FN", ttgir)
+    return max(map(int, dims), default=0)
+
+
+def report(tactics=TACTICS, fp8_queries=(False, True)) -> list[dict]:
     """One row per tactic and fp8_queries setting (as the engines' mixed steps launch it)."""
     rows = []
     for t in (x for x in pf.PREFILL_TACTICS if x.name in tactics):
         p = t.as_dict()
-        for fp8_qk in (False, True):
+        for fp8_qk in fp8_queries:
             k = compile_sm90(
-                _source(fp8_qk, int(p["block_m"]), int(p["block_n"])),
+                _source(fp8_qk, int(p["block_m"]), int(p["block_n"]), bool(p.get("bt_ahead"))),
                 num_warps=int(p["num_warps"]),
                 num_stages=int(p["num_stages"]),
             )
-            row = {"tactic": t.name, "fp8_queries": fp8_qk, "shared_bytes": k.metadata.shared}
+            row = {"tactic": t.name, "fp8_queries": fp8_qk, "shared_bytes": k.metadata.shared,
+                   "kv_buffers": _kv_buffers(k.asm["ttgir"])}  # fmt: skip
             row |= {n: len(re.findall(pat, k.asm["ptx"])) for n, pat in PTX_COUNTS.items()}
             row |= resources(k.asm["cubin"])
             rows.append(row)

@@ -1026,3 +1026,23 @@ else:
         fn = dec.make_paged_attention(None)
         out2 = fn(q, kc, vc, bt, cl, qsl, HD**-0.5, max_query_len=max(new), **scales)
         assert rel_err(out2, ref) < tol
+
+    @pytest.mark.parametrize("kind", KV_KINDS)
+    @pytest.mark.parametrize("bs", [BS, 32])  # a key tile a block; two tiles a block
+    @pytest.mark.parametrize("window", [0, 9])
+    def test_prefill_attention_read_ahead_gives_the_same_bits(kind, bs, window):
+        """bt_ahead: each key tile's block-table entry read a tile ahead and carried through
+        both loops (below the diagonal, then on it); same addresses, so the same bits as the
+        kernel reading it in the tile's own iteration, across blocks and with a window."""
+        torch.manual_seed(10)
+        new, ctx = [7, 1, 20, 41], [7, 30, 60, 62]
+        q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind, bs)
+        plain = SMALL_TILES[1]
+        ahead = pf.read_ahead(plain)
+        ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, window or None, **scales)
+        outs = [
+            pf.make_prefill_attention(t)(q, kc, vc, bt, cl, qsl, HD**-0.5, window, **scales)
+            for t in (plain, ahead)
+        ]
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+        assert rel_err(outs[1], ref) < 5e-2

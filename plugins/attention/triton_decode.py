@@ -53,6 +53,7 @@ from .triton_prefill import (
     launch_prefill,
     load_v,
     out_values,
+    read_ahead,
 )
 
 # for large batches, the context split until 8,192 programs run but no sequence's split
@@ -81,11 +82,6 @@ _W2_T2048 = Tactic(
         ("programs", 2048),
     ),
 )  # fmt: skip
-
-
-def _read_ahead(tactic: Tactic) -> Tactic:
-    """`tactic` with each tile's block-table entry read a tile ahead (BT_AHEAD)."""
-    return Tactic(tactic.name + "_a", (*tactic.params, ("bt_ahead", 1)))
 
 
 DECODE_TACTICS: tuple[Tactic, ...] = (
@@ -162,8 +158,8 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # so 10 one-warp programs an SM instead of 12). Why: at 512 x 192 keys the one-warp FP8
     # kernel waits on global memory for 65% of its stalls at ~11 warps an SM (Nsight Compute,
     # H100, docs/performance.md 12-06 14:20); the timed builds decide whether it pays.
-    _read_ahead(_T8192_M512),
-    _read_ahead(_W2_T2048),
+    read_ahead(_T8192_M512),
+    read_ahead(_W2_T2048),
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.

@@ -23,6 +23,20 @@ from ..quant.triton_quantize import quant_fp8, to_fp8
 from ..registry import Tactic
 from .layout import check_kv_layout
 
+
+def read_ahead(tactic: Tactic) -> Tactic:
+    """`tactic` with each key tile's block-table entry read a tile ahead (BT_AHEAD; the decode
+    and prefill kernels both take it)."""
+    return Tactic(tactic.name + "_a", (*tactic.params, ("bt_ahead", 1)))
+
+
+_M64_N64_S3 = Tactic(
+    "m64_n64_w4_s3", (("block_m", 64), ("block_n", 64), ("num_warps", 4), ("num_stages", 3))
+)
+_M64_N32_S3 = Tactic(
+    "m64_n32_w4_s3", (("block_m", 64), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
+)
+
 PREFILL_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "m128_n64_w8_s2", (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2))
@@ -33,16 +47,12 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "m64_n64_w8_s3", (("block_m", 64), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
     ),
-    Tactic(
-        "m64_n32_w4_s3", (("block_m", 64), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
-    ),
+    _M64_N32_S3,
     # key tiles of 64: the fastest at 2,048 tokens on 64-token blocks (H200, 117-124 us a layer)
     Tactic(
         "m64_n64_w4_s2", (("block_m", 64), ("block_n", 64), ("num_warps", 4), ("num_stages", 2))
     ),
-    Tactic(
-        "m64_n64_w4_s3", (("block_m", 64), ("block_n", 64), ("num_warps", 4), ("num_stages", 3))
-    ),
+    _M64_N64_S3,
     Tactic(
         "m128_n64_w8_s3", (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 3))
     ),
@@ -59,6 +69,12 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
         "m128_n64_w8_s2_gqa",
         (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2), ("gqa", 1)),
     ),
+    # each key tile's block-table entry read a tile ahead, for tiles inside one block (32- and
+    # 64-token blocks): at num_stages 3 Triton's pipeliner then keeps two K/V tiles in flight
+    # where it kept one (sm_90 TTGIR of the FP8-cache kernel: memdesc<2x64x128> against
+    # <1x64x128>; shared memory 48 -> 64 KB for m64_n64)
+    read_ahead(_M64_N64_S3),
+    read_ahead(_M64_N32_S3),
 )
 
 LOG2E = 1.4426950408889634
@@ -192,13 +208,15 @@ def _attend(
     BLOCK_N: tl.constexpr,
     D_PAD: tl.constexpr,
     FP8_QK: tl.constexpr = False,
+    blk=None,
 ):
     """One BLOCK_N tile of keys into the online softmax. MASKED=False: every key of the tile
     is visible to every query of the tile (below the causal diagonal, inside the context).
-    FP8_QK: q is FP8 (fp8_query) and scale_log2 one scale per row; P.V stays in fp16."""
+    FP8_QK: q is FP8 (fp8_query) and scale_log2 one scale per row; P.V stays in fp16. blk: the
+    tile's block, read a tile ahead (BT_AHEAD), or None."""
     t = n0 + tl.arange(0, BLOCK_N)
     tv = t < hi
-    base, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS, BLOCK_N)
+    base, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS, BLOCK_N, blk)
     off = rows[:, None] + d[None, :]
     # an FP8 cache's K/V convert exactly to q's dtype (fp16: fp16_query); their scales are
     # applied outside the loop
@@ -228,7 +246,23 @@ def _attend(
         p = tl.exp2(s * scale_log2 - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = load_v(
-        vc_ptr, base, off, kv_mask, bt_row, n0, hi, tv, kvh, d, dm, s_blk, HD, BS, V_T, BLOCK_N
+        vc_ptr,
+        base,
+        off,
+        kv_mask,
+        bt_row,
+        n0,
+        hi,
+        tv,
+        kvh,
+        d,
+        dm,
+        s_blk,
+        HD,
+        BS,
+        V_T,
+        BLOCK_N,
+        blk,
     )
     # the rescaled accumulator goes into the P.V dot (accumulated by the tensor cores: no
     # second [BLOCK_M, D] fp32 tile and add)
@@ -288,13 +322,15 @@ def _prefill_kernel(
     QUANT_OUT: tl.constexpr = False,
     SKIP_SINGLE: tl.constexpr = False,
     FP8_QK: tl.constexpr = False,
+    BT_AHEAD: tl.constexpr = False,
 ):
     """PACK = 1: program (query tile, q head, sequence), BLOCK_M queries of one head. PACK = G
     (GQA packing): program (query tile, kv head, sequence); its BLOCK_M rows are the
     BLOCK_M // G queries of the tile for each of the G q heads sharing that kv head, so every
     K/V tile is loaded once for the group instead of once per head. SKIP_SINGLE: sequences of
     one query are left alone (the decode kernel takes them: ANY_DECODES). FP8_QK (an FP8
-    cache): queries rounded to FP8 per row, Q.K on FP8 tensor cores (fp8_query)."""
+    cache): queries rounded to FP8 per row, Q.K on FP8 tensor cores (fp8_query). BT_AHEAD (key
+    tiles inside one block): each tile's block-table entry read a tile ahead."""
     pdl_begin(PDL)
     QM: tl.constexpr = BLOCK_M // PACK  # queries per tile
     # NOTE: the last query tiles (the most keys under causal masking) start first.
@@ -343,22 +379,33 @@ def _prefill_kernel(
         lo = 0
         if USE_WINDOW:
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
-        else:
+        # BT_AHEAD: the K/V addresses come from the loops' carried entry, not from a load in
+        # the same iteration, so that Triton's pipeliner keeps more than one tile in flight
+        blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64) if BT_AHEAD else None
+        if not USE_WINDOW:
             # keys before the tile's first query are seen by all its queries: no mask
             full = (first + 1) // BLOCK_N * BLOCK_N
             for n0 in range(0, full, BLOCK_N):
+                if BT_AHEAD:
+                    nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
                 acc, m_i, l_i = _attend(
                     q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                     kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
-                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
+                    HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, blk,
                 )  # fmt: skip
+                if BT_AHEAD:
+                    blk = nxt.to(tl.int64)
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
+            if BT_AHEAD:
+                nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                 kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
-                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK,
+                HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, blk,
             )  # fmt: skip
+            if BT_AHEAD:
+                blk = nxt.to(tl.int64)
         if KV_FP8:  # sum p (v * vs) == vs * sum p v
             acc = acc * tl.load(vs_ptr)
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
@@ -445,6 +492,8 @@ def launch_prefill(
         QUANT_OUT=out_scale is not None,
         SKIP_SINGLE=skip_single,
         FP8_QK=fp8_queries,
+        BT_AHEAD=bool(params.get("bt_ahead"))
+        and k_cache.shape[1] % int(params.get("block_n", 64)) == 0,
         **launch_options(),
     )
 
