@@ -84,6 +84,12 @@ _W2_T2048 = Tactic(
 )  # fmt: skip
 
 
+def _with_stages(tactic: Tactic, stages: int) -> Tactic:
+    """`tactic` (named ..._s3_...) at another num_stages."""
+    params = tuple((k, stages if k == "num_stages" else v) for k, v in tactic.params)
+    return Tactic(tactic.name.replace("_s3_", f"_s{stages}_"), params)
+
+
 DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "p128_n32_w4_s3", (("partition", 128), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
@@ -160,6 +166,8 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # H100, docs/performance.md 12-06 14:20); the timed builds decide whether it pays.
     read_ahead(_T8192_M512),
     read_ahead(_W2_T2048),
+    # three tiles in flight (28 KB of shared memory: 7 programs an SM)
+    read_ahead(_with_stages(_T8192_M512, 4)),
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.
