@@ -19,10 +19,11 @@ from triton.compiler import ASTSource
 from ingot.plugins.attention import triton_prefill as pf
 
 HD, BS = 128, 32
-# the tactic the H100 build of 2026-12-06 picked for 2,048-token prompts, a wide one, and a
-# tactic of 32-key tiles with its read-ahead twin (each tile's block-table entry read a tile
-# ahead: two K/V tiles in flight)
-TACTICS = ("m64_n64_w4_s2", "m128_n64_w8_s2", "m64_n32_w4_s3", "m64_n32_w4_s3_a")
+# the tactic the H100 build of 2026-12-06 picked for 2,048-token prompts, a wide one, and two
+# tactics with their read-ahead twins (each tile's block-table entries read a tile ahead: two
+# K/V tiles in flight), of 32-key tiles (a block each) and of 64 (two blocks each)
+TACTICS = ("m64_n64_w4_s2", "m128_n64_w8_s2", "m64_n32_w4_s3", "m64_n32_w4_s3_a",
+           "m64_n64_w4_s3", "m64_n64_w4_s3_a")  # fmt: skip
 PTX_COUNTS = {
     "wgmma_e4m3": r"wgmma\.mma_async\S*e4m3",
     "wgmma_f16": r"wgmma\.mma_async\S*f16\.f16",
@@ -40,14 +41,15 @@ def _source(fp8_qk: bool, block_m: int, block_n: int, bt_ahead: bool = False) ->
     const = {"HD": HD, "BS": BS, "V_T": True, "USE_WINDOW": False, "IEEE": False, "KV_FP8": True,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "D_PAD": HD, "PDL": False, "PACK": 1,
              "QUANT_OUT": False, "SKIP_SINGLE": fp8_qk, "FP8_QK": fp8_qk,
-             "BT_AHEAD": bt_ahead and BS % block_n == 0}  # fmt: skip
+             "BT_AHEAD": bt_ahead}  # fmt: skip
     return kernel_source(fn, ptrs, const)
 
 
 def _kv_buffers(ttgir: str) -> int:
     """How many FP8 K/V tiles the pipeliner keeps in shared memory at once (the largest leading
-    dimension of the kernel's FP8 [N, BLOCK_N, HD] buffers): 1 means one tile in flight."""
-    dims = re.findall(r"local_alloc[^\n]*memdesc<(\d+)x\d+x\d+xf8E4M3FN", ttgir)
+    dimension of the kernel's FP8 [N, BLOCK_N, HD] buffers, [N, blocks, BS, HD] for tiles of
+    several blocks): 1 means one tile in flight."""
+    dims = re.findall(r"local_alloc[^\n]*memdesc<(\d+)x\d+x\d+(?:x\d+)?xf8E4M3FN", ttgir)
     return max(map(int, dims), default=0)
 
 

@@ -1028,16 +1028,21 @@ else:
         assert rel_err(out2, ref) < tol
 
     @pytest.mark.parametrize("kind", KV_KINDS)
-    @pytest.mark.parametrize("bs", [BS, 32])  # a key tile a block; two tiles a block
+    # key tiles of 16 in blocks of 16 and 32 (a tile a block, two a block); of 32 and 64 over
+    # blocks of 16 (a tile spans two, four blocks)
+    @pytest.mark.parametrize("block_n,bs", [(16, BS), (16, 32), (32, BS), (64, BS)])
     @pytest.mark.parametrize("window", [0, 9])
-    def test_prefill_attention_read_ahead_gives_the_same_bits(kind, bs, window):
-        """bt_ahead: each key tile's block-table entry read a tile ahead and carried through
+    def test_prefill_attention_read_ahead_gives_the_same_bits(kind, block_n, bs, window):
+        """bt_ahead: each key tile's block-table entries read a tile ahead and carried through
         both loops (below the diagonal, then on it); same addresses, so the same bits as the
-        kernel reading it in the tile's own iteration, across blocks and with a window."""
+        kernel reading them in the tile's own iteration, across blocks and with a window."""
         torch.manual_seed(10)
         new, ctx = [7, 1, 20, 41], [7, 30, 60, 62]
         q, kc, vc, bt, cl, qsl, scales = _kv_batch(new, ctx, torch.float16, kind, bs)
-        plain = SMALL_TILES[1]
+        plain = Tactic(
+            f"m16_n{block_n}",
+            (("block_m", 16), ("block_n", block_n), ("num_warps", 4), ("num_stages", 1)),
+        )
         ahead = pf.read_ahead(plain)
         ref = attn_ref.paged_attention(q, kc, vc, bt, cl, qsl, HD**-0.5, window or None, **scales)
         outs = [

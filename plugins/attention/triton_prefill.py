@@ -116,6 +116,19 @@ def fp8_query_scaled(q, scale_log2):
 
 
 @triton.jit
+def tile_blocks(bt_row, n0, hi, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The block-table entries of the key tile at n0 (a multiple of BLOCK_N), as int64: the one
+    block holding it when a block holds a multiple of BLOCK_N tokens, else its BLOCK_N // BS
+    blocks ([NB]; those past `hi` read block 0, keys the tile masks or gives p = 0)."""
+    if BS % BLOCK_N == 0:  # NOTE: one return: Triton compiles the code after a constexpr return
+        blk = tl.load(bt_row + n0 // BS, mask=n0 < hi, other=0)
+    else:
+        j = tl.arange(0, BLOCK_N // BS)
+        blk = tl.load(bt_row + n0 // BS + j, mask=n0 + j * BS < hi, other=0)
+    return blk.to(tl.int64)
+
+
+@triton.jit
 def kv_tile(
     bt_row, n0, tv, kvh, s_blk, s_tok, s_h, BS: tl.constexpr, BLOCK_N: tl.constexpr, blk=None
 ):
@@ -123,7 +136,8 @@ def kv_tile(
     (n0 is a multiple of BLOCK_N). When a block holds a multiple of BLOCK_N tokens the tile
     lies in one block: one block-table read, a scalar 64-bit base and 32-bit offsets (the
     per-token gather and 64-bit address arithmetic cost an FP8 cache, half the bytes per
-    token of a BF16 one, a large share of its time). blk: that block (int64), already read."""
+    token of a BF16 one, a large share of its time). blk: the tile's blocks, already read
+    (tile_blocks'), or None."""
     t = n0 + tl.arange(0, BLOCK_N)
     if BS % BLOCK_N == 0:
         if blk is None:
@@ -132,9 +146,47 @@ def kv_tile(
         rows = (t % BS) * s_tok
     else:
         base = kvh.to(tl.int64) * s_h
-        blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
-        rows = blk * s_blk + (t % BS).to(tl.int64) * s_tok
+        if blk is None:
+            blk = tl.load(bt_row + t // BS, mask=tv, other=0).to(tl.int64)
+            rows = blk * s_blk + (t % BS).to(tl.int64) * s_tok
+        else:  # [NB] blocks of BS keys each, in order
+            r = tl.arange(0, BS).to(tl.int64) * s_tok
+            rows = tl.reshape(blk[:, None] * s_blk + r[None, :], (BLOCK_N,))
     return base, rows
+
+
+@triton.jit
+def load_k_blocks(
+    kc_ptr,
+    blk,
+    n0,
+    hi,
+    kvh,
+    d,
+    dm,
+    s_blk,
+    s_tok,
+    s_h,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """The K tile [BLOCK_N, D_PAD] of keys n0 .. from its [NB] blocks blk (read ahead), loaded
+    as [NB, BS, D_PAD] (a block's keys at a scalar-per-block base) and merged."""
+    j = tl.arange(0, BLOCK_N // BS)
+    r = tl.arange(0, BS)
+    ptr = (
+        kc_ptr
+        + (blk * s_blk + kvh * s_h)[:, None, None]
+        + (r * s_tok)[None, :, None]
+        + d[None, None, :]
+    )
+    if MASKED:
+        t = n0 + j[:, None] * BS + r[None, :]
+        k = tl.load(ptr, mask=(t < hi)[:, :, None] & dm[None, None, :], other=0.0)
+    else:
+        k = tl.load(ptr)
+    return tl.reshape(k, (BLOCK_N, d.shape[0]))
 
 
 @triton.jit
@@ -157,26 +209,29 @@ def load_v(
         else:
             v = tl.load(vc_ptr + base + off, mask=kv_mask, other=0.0)
         return v
+    # NOTE: one if/elif/else, no early returns: Triton would still compile the branches after
+    # a constexpr branch's return, with that branch's `blk` (a scalar where they take [NB])
     if BS % BLOCK_N == 0:
         if blk is None:
             blk = tl.load(bt_row + n0 // BS).to(tl.int64)
         vb = blk * s_blk + kvh * (HD * BS)
         r = tl.max_contiguous(tl.multiple_of(n0 % BS + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
-        return tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
-    if BLOCK_N % BS == 0:  # whole blocks: [blocks, BS, D] with tokens contiguous in each
-        NB: tl.constexpr = BLOCK_N // BS
-        j = tl.arange(0, NB)
+        v = tl.load(vc_ptr + vb + r[:, None] + d[None, :] * BS, mask=dm[None, :], other=0.0)
+    elif BLOCK_N % BS == 0:  # whole blocks: [blocks, BS, D] with tokens contiguous in each
         # NOTE: blocks past the context read block 0 (finite values; their p is 0)
-        blk = tl.load(bt_row + n0 // BS + j, mask=n0 + j * BS < hi, other=0)
-        vb = blk.to(tl.int64) * s_blk + kvh * (HD * BS)
+        if blk is None:
+            blk = tile_blocks(bt_row, n0, hi, BS, BLOCK_N)
+        vb = blk * s_blk + kvh * (HD * BS)
         r = tl.arange(0, BS)
         ptr = vc_ptr + vb[:, None, None] + r[None, :, None] + d[None, None, :] * BS
         v = tl.load(ptr, mask=dm[None, None, :], other=0.0)
-        return tl.reshape(v, (BLOCK_N, d.shape[0]))
-    vb, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, 1, HD * BS, BS, BLOCK_N)
-    if kv_mask is None:
-        kv_mask = tv[:, None] & dm[None, :]
-    return tl.load(vc_ptr + vb + rows[:, None] + d[None, :] * BS, mask=kv_mask, other=0.0)
+        v = tl.reshape(v, (BLOCK_N, d.shape[0]))
+    else:
+        vb, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, 1, HD * BS, BS, BLOCK_N)
+        if kv_mask is None:
+            kv_mask = tv[:, None] & dm[None, :]
+        v = tl.load(vc_ptr + vb + rows[:, None] + d[None, :] * BS, mask=kv_mask, other=0.0)
+    return v
 
 
 @triton.jit
@@ -222,9 +277,15 @@ def _attend(
     # applied outside the loop
     if MASKED or HD != D_PAD:
         kv_mask = tv[:, None] & dm[None, :]
-        k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
     else:  # a whole tile of keys and dims: no masks (fewer instructions per load)
         kv_mask = None
+    if BS % BLOCK_N != 0 and blk is not None:
+        k = load_k_blocks(
+            kc_ptr, blk, n0, hi, kvh, d, dm, s_blk, s_tok, s_h, BS, BLOCK_N, kv_mask is not None
+        )
+    elif kv_mask is not None:
+        k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
+    else:
         k = tl.load(kc_ptr + base + off)
     # NOTE: float32 engines must not round to TF32 (they are checked token for token).
     if IEEE:
@@ -381,31 +442,31 @@ def _prefill_kernel(
             lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
         # BT_AHEAD: the K/V addresses come from the loops' carried entry, not from a load in
         # the same iteration, so that Triton's pipeliner keeps more than one tile in flight
-        blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64) if BT_AHEAD else None
+        blk = tile_blocks(bt_row, lo, hi, BS, BLOCK_N) if BT_AHEAD else None
         if not USE_WINDOW:
             # keys before the tile's first query are seen by all its queries: no mask
             full = (first + 1) // BLOCK_N * BLOCK_N
             for n0 in range(0, full, BLOCK_N):
                 if BT_AHEAD:
-                    nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
+                    nxt = tile_blocks(bt_row, n0 + BLOCK_N, hi, BS, BLOCK_N)
                 acc, m_i, l_i = _attend(
                     q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                     kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
                     HD, V_T, False, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, blk,
                 )  # fmt: skip
                 if BT_AHEAD:
-                    blk = nxt.to(tl.int64)
+                    blk = nxt
             lo = full
         for n0 in range(lo, hi, BLOCK_N):
             if BT_AHEAD:
-                nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
+                nxt = tile_blocks(bt_row, n0 + BLOCK_N, hi, BS, BLOCK_N)
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, n0, hi, qpos, kc_ptr, vc_ptr, bt_row,
                 kvh, d, dm, sc, window, BS, s_blk, s_tok, s_h,
                 HD, V_T, True, USE_WINDOW, IEEE, BLOCK_N, D_PAD, FP8_QK, blk,
             )  # fmt: skip
             if BT_AHEAD:
-                blk = nxt.to(tl.int64)
+                blk = nxt
         if KV_FP8:  # sum p (v * vs) == vs * sum p v
             acc = acc * tl.load(vs_ptr)
         l_i = tl.where(l_i > 0.0, l_i, 1.0)
@@ -492,8 +553,7 @@ def launch_prefill(
         QUANT_OUT=out_scale is not None,
         SKIP_SINGLE=skip_single,
         FP8_QK=fp8_queries,
-        BT_AHEAD=bool(params.get("bt_ahead"))
-        and k_cache.shape[1] % int(params.get("block_n", 64)) == 0,
+        BT_AHEAD=bool(params.get("bt_ahead")),
         **launch_options(),
     )
 
