@@ -84,12 +84,6 @@ _W2_T2048 = Tactic(
 )  # fmt: skip
 
 
-def _with_stages(tactic: Tactic, stages: int) -> Tactic:
-    """`tactic` (named ..._s3_...) at another num_stages."""
-    params = tuple((k, stages if k == "num_stages" else v) for k, v in tactic.params)
-    return Tactic(tactic.name.replace("_s3_", f"_s{stages}_"), params)
-
-
 DECODE_TACTICS: tuple[Tactic, ...] = (
     Tactic(
         "p128_n32_w4_s3", (("partition", 128), ("block_n", 32), ("num_warps", 4), ("num_stages", 3))
@@ -163,11 +157,12 @@ DECODE_TACTICS: tuple[Tactic, ...] = (
     # two tiles of K/V in flight a program instead of one (20 KB of shared memory against 12,
     # so 10 one-warp programs an SM instead of 12). Why: at 512 x 192 keys the one-warp FP8
     # kernel waits on global memory for 65% of its stalls at ~11 warps an SM (Nsight Compute,
-    # H100, docs/performance.md 12-06 14:20); the timed builds decide whether it pays.
+    # H100, docs/performance.md 12-06 14:20). Timed on the H100 (12-06 17:00): within 3% of
+    # their plain twins either way at the large-batch points (the pipeliner's one buffer was
+    # not what bounds them); a build picked t2048_a once. Three tiles (num_stages 4) lost at
+    # every point and went out.
     read_ahead(_T8192_M512),
     read_ahead(_W2_T2048),
-    # three tiles in flight (28 KB of shared memory: 7 programs an SM)
-    read_ahead(_with_stages(_T8192_M512, 4)),
     # for large batches: one-warp (two-warp) programs, the context split until 4,096 (2,048)
     # programs run. With an FP8 cache at batch 128 x 3,072 keys on the H200: 246 us (77% of
     # the bandwidth) against 352 us for the best four-warp tactic.

@@ -69,10 +69,11 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
         "m128_n64_w8_s2_gqa",
         (("block_m", 128), ("block_n", 64), ("num_warps", 8), ("num_stages", 2), ("gqa", 1)),
     ),
-    # each key tile's block-table entry read a tile ahead, for tiles inside one block (32- and
-    # 64-token blocks): at num_stages 3 Triton's pipeliner then keeps two K/V tiles in flight
-    # where it kept one (sm_90 TTGIR of the FP8-cache kernel: memdesc<2x64x128> against
-    # <1x64x128>; shared memory 48 -> 64 KB for m64_n64)
+    # each key tile's block-table entries read a tile ahead: at num_stages 3 Triton's pipeliner
+    # then keeps two K/V tiles in flight where it kept one (sm_90 TTGIR). H100, 2,048 tokens
+    # (docs/performance.md 12-06 17:00): FP8 cache on 64-token blocks 143.0 us against 151.3
+    # for the best other tactic, 101.9 against 117.9 with fp8_queries; BF16 on 32-token
+    # blocks (m64_n32) 125.2 against 130.6
     read_ahead(_M64_N64_S3),
     read_ahead(_M64_N32_S3),
 )
