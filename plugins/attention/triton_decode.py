@@ -54,6 +54,7 @@ from .triton_prefill import (
     load_v,
     out_values,
     read_ahead,
+    tile_blocks,
 )
 
 # for large batches, the context split until 8,192 programs run but no sequence's split
@@ -361,17 +362,17 @@ def _decode_kernel(
                 hi = last
         # BT_AHEAD: each tile's block read one tile ahead, so that its K/V addresses come from
         # the loop's carried value, not from a load in the same iteration
-        blk = tl.load(bt_row + lo // BS, mask=lo < hi, other=0).to(tl.int64) if BT_AHEAD else None
+        blk = tile_blocks(bt_row, lo, hi, BS, BLOCK_N) if BT_AHEAD else None
         for n0 in range(lo, hi, BLOCK_N):
             if BT_AHEAD:
-                nxt = tl.load(bt_row + (n0 + BLOCK_N) // BS, mask=n0 + BLOCK_N < hi, other=0)
+                nxt = tile_blocks(bt_row, n0 + BLOCK_N, hi, BS, BLOCK_N)
             m_i, l_i, acc = _decode_tile(
                 q, m_i, l_i, acc, n0, end, ctx, window, scale_log2, kc_ptr, vc_ptr, None,
                 bt_row, kvh, d, dm, s_blk, s_tok, s_h, HD, BS, V_T, USE_WINDOW, IEEE,
                 BLOCK_N, SEG, False, blk,
             )  # fmt: skip
             if BT_AHEAD:
-                blk = nxt.to(tl.int64)
+                blk = nxt
         if KV_FP8:  # sum p (v * vs) == vs * sum p v (partials too: the merge is linear in them)
             acc = acc * tl.load(vs_ptr)
         if SPLIT:

@@ -157,37 +157,17 @@ def kv_tile(
 
 
 @triton.jit
-def load_k_blocks(
-    kc_ptr,
-    blk,
-    n0,
-    hi,
-    kvh,
-    d,
-    dm,
-    s_blk,
-    s_tok,
-    s_h,
-    BS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """The K tile [BLOCK_N, D_PAD] of keys n0 .. from its [NB] blocks blk (read ahead), loaded
-    as [NB, BS, D_PAD] (a block's keys at a scalar-per-block base) and merged."""
-    j = tl.arange(0, BLOCK_N // BS)
+def load_blocks(ptr, base, s_tok, s_d, d, mask, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [BLOCK_N, D_PAD] tile of whole blocks: block i's BS tokens at ptr + base[i] + token *
+    s_tok + dim * s_d, loaded as [NB, BS, D_PAD] (a scalar base per block, no per-key table
+    gather) and merged. mask: [NB, BS, D_PAD] or None (a whole tile)."""
     r = tl.arange(0, BS)
-    ptr = (
-        kc_ptr
-        + (blk * s_blk + kvh * s_h)[:, None, None]
-        + (r * s_tok)[None, :, None]
-        + d[None, None, :]
-    )
-    if MASKED:
-        t = n0 + j[:, None] * BS + r[None, :]
-        k = tl.load(ptr, mask=(t < hi)[:, :, None] & dm[None, None, :], other=0.0)
+    ptr = ptr + base[:, None, None] + (r * s_tok)[None, :, None] + (d * s_d)[None, None, :]
+    if mask is None:
+        x = tl.load(ptr)
     else:
-        k = tl.load(ptr)
-    return tl.reshape(k, (BLOCK_N, d.shape[0]))
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return tl.reshape(x, (BLOCK_N, d.shape[0]))
 
 
 @triton.jit
@@ -202,8 +182,8 @@ def load_v(
     [Hkv, HD, BS] per block of K's size s_blk). When the tile lies in one block it is read
     with tokens contiguous and unmasked along them, so the P.V dot gets V in the order it
     needs; keys past the context in that block hold finite values (the pool is zero-filled,
-    FP8 writes saturate) and their p is 0. blk: the tile's block when it lies in one, already
-    read (kv_tile's)."""
+    FP8 writes saturate) and their p is 0. blk: the tile's blocks, already read (tile_blocks'),
+    or None."""
     if not V_T:
         if kv_mask is None:  # the whole tile (prefill below the diagonal)
             v = tl.load(vc_ptr + base + off)
@@ -222,11 +202,8 @@ def load_v(
         # NOTE: blocks past the context read block 0 (finite values; their p is 0)
         if blk is None:
             blk = tile_blocks(bt_row, n0, hi, BS, BLOCK_N)
-        vb = blk * s_blk + kvh * (HD * BS)
-        r = tl.arange(0, BS)
-        ptr = vc_ptr + vb[:, None, None] + r[None, :, None] + d[None, None, :] * BS
-        v = tl.load(ptr, mask=dm[None, None, :], other=0.0)
-        v = tl.reshape(v, (BLOCK_N, d.shape[0]))
+        v = load_blocks(vc_ptr, blk * s_blk + kvh * (HD * BS), 1, BS, d, dm[None, None, :],
+                        BS, BLOCK_N)  # fmt: skip
     else:
         vb, rows = kv_tile(bt_row, n0, tv, kvh, s_blk, 1, HD * BS, BS, BLOCK_N)
         if kv_mask is None:
@@ -280,10 +257,12 @@ def _attend(
         kv_mask = tv[:, None] & dm[None, :]
     else:  # a whole tile of keys and dims: no masks (fewer instructions per load)
         kv_mask = None
-    if BS % BLOCK_N != 0 and blk is not None:
-        k = load_k_blocks(
-            kc_ptr, blk, n0, hi, kvh, d, dm, s_blk, s_tok, s_h, BS, BLOCK_N, kv_mask is not None
-        )
+    if BS % BLOCK_N != 0 and blk is not None:  # [NB] blocks read ahead: K a block at a time
+        k_mask = None
+        if kv_mask is not None:
+            t3 = n0 + tl.arange(0, BLOCK_N // BS)[:, None] * BS + tl.arange(0, BS)[None, :]
+            k_mask = (t3 < hi)[:, :, None] & dm[None, None, :]
+        k = load_blocks(kc_ptr, blk * s_blk + kvh * s_h, s_tok, 1, d, k_mask, BS, BLOCK_N)
     elif kv_mask is not None:
         k = tl.load(kc_ptr + base + off, mask=kv_mask, other=0.0)
     else:
