@@ -23,6 +23,7 @@ import math
 import statistics
 
 import torch
+from bench_kernels import replay_ms
 
 from ingot.plugins.gemm import cuda as gemm
 from ingot.plugins.quant import cuda_fp8
@@ -77,15 +78,7 @@ def graph_ms(fn, replays: int = 20) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return replay_ms(g, replays)
 
 
 def decode_step(choice: dict[str, object], x_in: dict, outs: dict, layers: list, lm_w):

@@ -38,6 +38,19 @@ def fixed(args: tuple, kwargs: dict):
     return lambda: (args, kwargs)
 
 
+def replay_ms(g, replays: int = 20) -> float:
+    """Median ms of one replay of CUDA graph g (event-timed, each replay synchronized)."""
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
 def measure_copy_bw() -> float:
     a = torch.empty(2 * 1024**3 // 2, dtype=BF16, device=DEV)
     b = torch.empty_like(a)
@@ -297,15 +310,7 @@ def bench_decode_step(best, bw, ctx=2048, cublas_only=False):
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
-    ms = sorted(times)[len(times) // 2]
+    ms = replay_ms(g)
     wbytes = sum(t.numel() * 2 for L in layers for t in L.values()) + lm_head.numel() * 2
     kvbytes = LAYERS * ctx * HKV * HD * 4
     del rms

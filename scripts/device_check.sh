@@ -21,6 +21,8 @@
 #   batch    large-batch decode: attention and GEMMs at the throughput points, the FP8-MMA
 #            decode experiment beside them, and 128/128's attention in a 4,096-key graph's
 #            split grid, alone and after a GEMM (batch_decode.json)                      ~1 min
+#   overlap  decode layers (FP8 GEMMs + FP8-cache attention) as one batch against two half
+#            batches on two streams, with cuBLASLt SM carveouts (overlap.json)           ~1 min
 #   ncu      Nsight Compute reports of the FP8 decode kernel at 512 x 192, one a tactic
 #            (NCU_TACTICS; ncu_<tactic>.txt: pipes, issue slots, stall reasons)          ~1 min
 #   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
@@ -104,6 +106,10 @@ for stage in "${@:-tests}"; do
       timeout 260 python3 scripts/bench_batch_decode.py --out "$OUT/batch_decode.json" \
         > "$OUT/batch_decode.log" 2>&1 || rc=1
       tail -8 "$OUT/batch_decode.log" ;;
+    overlap)
+      timeout 200 python3 scripts/bench_overlap.py --out "$OUT/overlap.json" \
+        > "$OUT/overlap.log" 2>&1 || rc=1
+      tail -30 "$OUT/overlap.log" ;;
     ncu)
       # Nsight Compute on one decode launch a tactic (NCU_TACTICS: DECODE_TACTICS names):
       # pipe use, issue slots, stall reasons; --clock-control none keeps the clocks as they run

@@ -872,7 +872,7 @@ else:
     # m16_n64: several query tiles per sequence; m16_n16: key tiles below the diagonal too;
     # gqa: the two q heads of a kv head packed into one tile (8 queries each)
     SMALL_TILES = [
-        pf.PREFILL_TACTICS[5],
+        next(t for t in pf.PREFILL_TACTICS if t.name == "m16_n64_w4_s2"),
         Tactic("m16_n16", (("block_m", 16), ("block_n", 16), ("num_warps", 4), ("num_stages", 1))),
         Tactic(
             "m16_n16_gqa",
