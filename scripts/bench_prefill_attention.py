@@ -4,7 +4,9 @@ the batch-1 decode tactics at a 256-key context; on an FP8 cache (V transposed, 
 store it) every prefill tactic with and without `fp8_queries` (Q.K on FP8 tensor cores). µs
 and TFLOP/s per tactic, JSON. With
 BLOCK_SIZES="32 64 128" in the environment, the same at each KV block size (key tiles that fit
-in one block read it whole: what larger blocks would buy the wide tiles).
+in one block read it whole: what larger blocks would buy the wide tiles). "short_prompts": 64
+prompts of 128 tokens on the FP8 cache, as a 128/128 mixed step's prefill launch runs them
+(every tactic, and GQA-packed and narrower tiles); `--short-only` times just that.
 
     python3 scripts/bench_prefill_attention.py --out bench_prefill_attention.json
 """
@@ -39,11 +41,27 @@ EXTRA = (
     tactic(128, 32, 4, 3),
     tactic(64, 128, 4, 2),
 )
+# for short prompts: the four q heads of a kv head in one tile (K/V loaded once for them), and
+# narrower query tiles (more programs for the same work)
+SHORT_EXTRA = (
+    Tactic("m64_n64_w4_s2_gqa", (*tactic(64, 64, 4, 2).params, ("gqa", True))),
+    Tactic("m128_n64_w4_s2_gqa", (*tactic(128, 64, 4, 2).params, ("gqa", True))),
+    Tactic("m64_n32_w4_s2_gqa", (*tactic(64, 32, 4, 2).params, ("gqa", True))),
+    tactic(32, 64, 4, 2),
+    tactic(32, 32, 2, 2),
+    tactic(16, 32, 2, 2),
+)
+SHORT_PROMPTS, SHORT_LEN = 64, 128
 
 
 def main() -> None:
-    args, bw = bench_cli(__doc__, "bench_prefill_attention.json", 20)
+    args, bw = bench_cli(__doc__, "bench_prefill_attention.json", 20,
+                         (("--short-only", "time the short prompts only"),))  # fmt: skip
     out = {"copy_bandwidth_bytes_s": bw, "tokens_per_block": BS}
+    out["short_prompts"] = short_prompts(BS, args.reps, bw)
+    if args.short_only:
+        args.out.write_text(json.dumps(out, indent=2))
+        return
     for bs in [int(b) for b in os.environ.get("BLOCK_SIZES", str(BS)).split()]:
         key = "" if bs == BS else f"_bs{bs}"
         out["prefill_2048" + key], out["decode_b1_ctx256" + key] = at_block_size(bs, args.reps)
@@ -83,10 +101,7 @@ def fp8_prefill(bs: int, reps: int) -> dict:
     to fp16 for both dots) and with fp8_queries."""
     scale, n, out = 1 / math.sqrt(HD), 2048, {}
     q, kc, vc, bt, cl, qsl = paged([n], [n], bs=bs)
-    kc8 = (kc * 30).to(torch.float8_e4m3fn)
-    vc8 = to_v_layout((vc * 30).to(torch.float8_e4m3fn))
-    sc = {"k_scale": torch.tensor(1 / 30, device=q.device),
-          "v_scale": torch.tensor(1 / 30, device=q.device), "max_query_len": n}  # fmt: skip
+    kc8, vc8, sc = fp8_cache(kc, vc, max_query_len=n)
     flops = 4 * HD * HQ * n * (n + 1) / 2
     for tag, f8q in (("", False), ("+fp8_queries", True)):
         res = time_tactics(
@@ -100,6 +115,36 @@ def fp8_prefill(bs: int, reps: int) -> dict:
         for t, ms in res[:3]:
             print(f"bs {bs} fp8 prefill 2048 {t.name + tag:34s} {ms * 1e3:8.1f} us "
                   f"{flops / ms / 1e9:6.0f} TFLOP/s")  # fmt: skip
+    return out
+
+
+def fp8_cache(kc, vc, **kw) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """kc, vc in an FP8 pool (x30, scales 1/30; V transposed, as FP8 pools store it)."""
+    dev = kc.device
+    sc = {"k_scale": torch.tensor(1 / 30, device=dev), "v_scale": torch.tensor(1 / 30, device=dev)}
+    kc8 = (kc * 30).to(torch.float8_e4m3fn)
+    return kc8, to_v_layout((vc * 30).to(torch.float8_e4m3fn)), sc | kw
+
+
+def short_prompts(bs: int, reps: int, bw: float) -> dict:
+    """SHORT_PROMPTS prompts of SHORT_LEN tokens on an FP8 cache: each tactic's µs, TFLOP/s and
+    the fraction of the copy bandwidth its bytes (bf16 q and output, FP8 K/V) would take."""
+    scale, n, b = 1 / math.sqrt(HD), SHORT_LEN, SHORT_PROMPTS
+    q, kc, vc, bt, cl, qsl = paged([n] * b, [n] * b, bs=bs)
+    kc8, vc8, kw = fp8_cache(kc, vc, max_query_len=n)
+    flops = b * 4 * HD * HQ * n * (n + 1) / 2
+    nbytes = 2 * q.numel() * q.element_size() + kc8.numel() + vc8.numel()
+    res = time_tactics(
+        "paged_attention", pf.PREFILL_TACTICS + EXTRA + SHORT_EXTRA,
+        fixed((q, kc8, vc8, bt, cl, qsl, scale), kw), reps, factory=pf.make_prefill_attention,
+    )  # fmt: skip
+    out = {"floor_us": nbytes / bw * 1e6}
+    for t, ms in res:
+        out[t.name] = {"us": round(ms * 1e3, 1), "TFLOPs": flops / ms / 1e9,
+                       "frac_bw": nbytes / (ms * 1e-3) / bw}  # fmt: skip
+    for t, ms in res[:6]:
+        print(f"fp8 prefill {b} x {n} {t.name:22s} {ms * 1e3:8.1f} us "
+              f"(bytes at copy bw: {out['floor_us']:.1f} us)")  # fmt: skip
     return out
 
 

@@ -16,6 +16,8 @@
 #            cache with and without fp8_queries); batch-1 decode attention at 256 keys
 #            (bench_prefill_attention.json; BLOCK_SIZES="32 64 128" repeats them at each KV
 #            block size)                                                                  ~2 min per size
+#   attnshort  the attn stage's short prompts alone: 64 prompts of 128 tokens on the FP8 cache,
+#            every prefill tactic and GQA-packed / narrower tiles (prefill_short_prompts.json) ~1 min
 #   fp8gemv  the FP8 GEMM tactics at batch 1 (CUDA-core and tensor-core GEMVs, cuBLASLt) per
 #            site and as a decode step's 32 layers (bench_fp8_gemv.json)                  ~1 min
 #   batch    large-batch decode: attention and GEMMs at the throughput points, the FP8-MMA
@@ -98,6 +100,10 @@ for stage in "${@:-tests}"; do
       timeout $((240 * $(wc -w <<< "${BLOCK_SIZES:-32}"))) python3 scripts/bench_prefill_attention.py --out "$OUT/bench_prefill_attention.json" \
         > "$OUT/bench_prefill_attention.log" 2>&1 || rc=1
       tail -24 "$OUT/bench_prefill_attention.log" ;;
+    attnshort)
+      timeout 150 python3 scripts/bench_prefill_attention.py --short-only \
+        --out "$OUT/prefill_short_prompts.json" > "$OUT/prefill_short_prompts.log" 2>&1 || rc=1
+      tail -8 "$OUT/prefill_short_prompts.log" ;;
     fp8gemv)
       timeout 200 python3 scripts/bench_gemv.py --fp8-only --out "$OUT/bench_fp8_gemv.json" \
         > "$OUT/bench_fp8_gemv.log" 2>&1 || rc=1
@@ -150,7 +156,7 @@ for stage in "${@:-tests}"; do
       [[ -f "$OUT/quant/laps_utc.txt" ]] && python3 scripts/clock_report.py "$OUT/smi.csv" \
         "$OUT/quant/laps_utc.txt" --out "$OUT/quant_clocks.json"
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|fp8gemv|batch|ncu|gemms|step|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|attnshort|fp8gemv|batch|overlap|ncu|gemms|step|l2|grid|quant)"; exit 2 ;;
   esac
 done
 exit $rc
