@@ -125,6 +125,11 @@ class _Shapes:
             args[4][real:] = 1
         return args, kw | {"max_context_len": self.b.max_seq_len}
 
+    def prompts(self, batch: int, n: int, kv_fp8: bool = False):
+        """`batch` whole prompts of n tokens each (the prefill kernel's inputs)."""
+        args, kw = self._paged(batch, n, n, kv_fp8)
+        return args, kw | {"max_query_len": n}
+
     def attention(
         self, n_q: int, ctx: int, kv_fp8: bool = False, bound: int | None = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -248,7 +253,12 @@ def timed_choices(
         combine_tactics,
         make_decode_attention,
     )
-    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS, make_prefill_attention
+    from ingot.plugins.attention.triton_prefill import (
+        PREFILL_TACTICS,
+        SHORT_PROMPT,
+        SHORT_PROMPT_TACTICS,
+        make_prefill_attention,
+    )
     from ingot.plugins.tactics import resolve_factory, time_tactics
 
     shapes = _Shapes(model, build)
@@ -291,8 +301,29 @@ def timed_choices(
         )
         large, r3 = large_batch_decode()
         short, r4 = short_context_decode()
-        return _choice("paged_attention", combine_tactics(dec, pf, large, short), None,
-                       r1 + r2 + r3 + r4)  # fmt: skip
+        prompts, r5 = short_prompt_prefill(pf)
+        return _choice("paged_attention", combine_tactics(dec, pf, large, short, prompts), None,
+                       r1 + r2 + r3 + r4 + r5)  # fmt: skip
+
+    def short_prompt_prefill(long: Tactic) -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
+        """The prefill tactic of launches whose prompts have at most SHORT_PROMPT tokens,
+        timed at a batch of such prompts (128/128's mixed steps: 64 of 128 tokens) among
+        PREFILL_TACTICS and SHORT_PROMPT_TACTICS; None where the 2,048-token pick (`long`)
+        is the fastest there too, or the engine never runs such a batch."""
+        n = min(SHORT_PROMPT // 2, build.max_seq_len)
+        batch = min(64, build.max_num_tokens // n, build.max_batch_size)
+        if batch < 2:
+            return None, []
+        res = time_tactics(
+            "paged_attention",
+            PREFILL_TACTICS + SHORT_PROMPT_TACTICS,
+            lambda: shapes.prompts(batch, n, kv_fp8),
+            factory=make_prefill_attention,
+        )
+        best = res[0][0]
+        return (None if best.name == long.name else best), [
+            (Tactic(f"{t.name}@{batch}x{n}", t.params), ms) for t, ms in res
+        ]
 
     def short_context_decode() -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
         """The decode tactic of launches bounded by SHORT_CONTEXT keys (the small-batch decode

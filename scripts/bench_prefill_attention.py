@@ -6,7 +6,7 @@ and TFLOP/s per tactic, JSON. With
 BLOCK_SIZES="32 64 128" in the environment, the same at each KV block size (key tiles that fit
 in one block read it whole: what larger blocks would buy the wide tiles). "short_prompts": 64
 prompts of 128 tokens on the FP8 cache, as a 128/128 mixed step's prefill launch runs them
-(every tactic, and GQA-packed and narrower tiles); `--short-only` times just that.
+(every tactic, and the short-prompt candidates); `--short-only` times just that.
 
     python3 scripts/bench_prefill_attention.py --out bench_prefill_attention.json
 """
@@ -24,32 +24,18 @@ from bench_kernels import HD, HQ, bench_cli, fixed, paged
 from ingot.plugins.attention import triton_decode as dec
 from ingot.plugins.attention import triton_prefill as pf
 from ingot.plugins.attention.layout import to_v_layout
-from ingot.plugins.registry import Tactic
 from ingot.plugins.tactics import time_tactics
 
 BS = 32  # timed when BLOCK_SIZES is unset (the FP8 bench engines'; the BF16 preset's is 64)
 
 
-def tactic(bm: int, bn: int, w: int, s: int) -> Tactic:
-    p = (("block_m", bm), ("block_n", bn), ("num_warps", w), ("num_stages", s))
-    return Tactic(f"m{bm}_n{bn}_w{w}_s{s}", p)
-
+tactic = pf.prefill_tactic
 
 EXTRA = (
     tactic(128, 128, 8, 3),
     tactic(128, 64, 4, 3),
     tactic(128, 32, 4, 3),
     tactic(64, 128, 4, 2),
-)
-# for short prompts: the four q heads of a kv head in one tile (K/V loaded once for them), and
-# narrower query tiles (more programs for the same work)
-SHORT_EXTRA = (
-    Tactic("m64_n64_w4_s2_gqa", (*tactic(64, 64, 4, 2).params, ("gqa", True))),
-    Tactic("m128_n64_w4_s2_gqa", (*tactic(128, 64, 4, 2).params, ("gqa", True))),
-    Tactic("m64_n32_w4_s2_gqa", (*tactic(64, 32, 4, 2).params, ("gqa", True))),
-    tactic(32, 64, 4, 2),
-    tactic(32, 32, 2, 2),
-    tactic(16, 32, 2, 2),
 )
 SHORT_PROMPTS, SHORT_LEN = 64, 128
 
@@ -135,7 +121,7 @@ def short_prompts(bs: int, reps: int, bw: float) -> dict:
     flops = b * 4 * HD * HQ * n * (n + 1) / 2
     nbytes = 2 * q.numel() * q.element_size() + kc8.numel() + vc8.numel()
     res = time_tactics(
-        "paged_attention", pf.PREFILL_TACTICS + EXTRA + SHORT_EXTRA,
+        "paged_attention", pf.PREFILL_TACTICS + EXTRA + pf.SHORT_PROMPT_TACTICS,
         fixed((q, kc8, vc8, bt, cl, qsl, scale), kw), reps, factory=pf.make_prefill_attention,
     )  # fmt: skip
     out = {"floor_us": nbytes / bw * 1e6}

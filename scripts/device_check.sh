@@ -4,7 +4,8 @@
 #
 # Usage: bash scripts/device_check.sh STAGE...
 #   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~6 min
-#            (TESTS="tests/test_x.py ..." runs a subset; TESTS_TIMEOUT, default 480 s)
+#            (TESTS="tests/test_x.py ..." runs a subset, TESTS_K="expr" pytest's -k; TESTS_TIMEOUT,
+#            default 480 s)
 #   tests-kernels / tests-e2e   the kernel tests / the engine tests alone, when one call
 #            cannot hold both beside another stage                                       ~3 min each
 #   kernels  kernel micro-benchmarks (bench_kernels.json, bench_gemv.json with FP8)      ~3 min
@@ -64,7 +65,7 @@ gpu_tests() {  # $1: test paths; $2: log/XML name. Lists failures, then pytest's
   # OMP_NUM_THREADS: 8 workers on 16 cores; CPU-side work (calibration, CPU reference engines)
   # otherwise runs 8 x 16 threads
   OMP_NUM_THREADS=2 INGOT_FAILURE_LOG="$OUT/$2.failures" timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -v -p no:cacheprovider -n 8 \
-    --durations=15 --junitxml="$OUT/$2.xml" $1 > "$OUT/$2.log" 2>&1 || rc=1
+    --durations=15 --junitxml="$OUT/$2.xml" ${TESTS_K:+-k "$TESTS_K"} $1 > "$OUT/$2.log" 2>&1 || rc=1
   grep -E "FAILED|ERROR" "$OUT/$2.log" | head -20; tail -3 "$OUT/$2.log"
 }
 for stage in "${@:-tests}"; do

@@ -43,6 +43,10 @@ def ids(tactics):
     return [t.name for t in tactics]
 
 
+# the 2,048-token candidates and the short-prompt ones (a tactic's `prompts:` part)
+ALL_PREFILL = pf.PREFILL_TACTICS + pf.SHORT_PROMPT_TACTICS
+
+
 # --------------------------------------------------------------------------- norm
 
 
@@ -354,7 +358,7 @@ def test_prefill_sliding_window(window, hd):
     check_attention(fn, [2000], [1], 32, 4, hd, 32, window)  # decode through the dispatcher
 
 
-@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+@pytest.mark.parametrize("tactic", ALL_PREFILL, ids=ids(ALL_PREFILL))
 def test_prefill_tactics(tactic):
     fn = pf.make_prefill_attention(tactic)
     check_attention(fn, [4100, 300, 77], [600, 300, 1], 32, 8, 128, 16, max_query_len=600)

@@ -41,6 +41,8 @@ W4_TOL = 1e-2
 # Llama-3-8B linears (N, K): qkv, o, gate_up, down
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 TS = [1, 2, 4, 7, 64, 300]
+# the 2,048-token candidates and the short-prompt ones (a tactic's `prompts:` part)
+ALL_PREFILL = pf.PREFILL_TACTICS + pf.SHORT_PROMPT_TACTICS
 
 
 def ids(tactics):
@@ -495,7 +497,7 @@ def test_fp8_decode(tactic, bs, transposed):
 @needs_fp8
 @pytest.mark.parametrize("transposed", [True, False], ids=["v_transposed", "v_rows"])
 @pytest.mark.parametrize("bs", [16, 128])
-@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+@pytest.mark.parametrize("tactic", ALL_PREFILL, ids=ids(ALL_PREFILL))
 def test_fp8_prefill(tactic, bs, transposed):
     new, ctx = [300, 1, 77], [300, 40, 500]  # a prompt, a decode row, a chunk after a prefix
     kc, vc, bt, cl, sc = _fp8_cache(ctx, bs=bs, transposed=transposed)
@@ -513,7 +515,7 @@ def test_fp8_prefill(tactic, bs, transposed):
 
 @needs_fp8
 @pytest.mark.parametrize("bs", [16, 32])
-@pytest.mark.parametrize("tactic", pf.PREFILL_TACTICS, ids=ids(pf.PREFILL_TACTICS))
+@pytest.mark.parametrize("tactic", ALL_PREFILL, ids=ids(ALL_PREFILL))
 def test_fp8_prefill_with_fp8_queries(tactic, bs):
     """fp8_queries (Q.K on FP8 tensor cores, each query row rounded with its own scale): the
     reference on the rounded queries within the FP8 tolerance, and nearer to it than to the

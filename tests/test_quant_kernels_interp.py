@@ -1007,7 +1007,9 @@ else:
 
     @pytest.mark.parametrize("kind", KV_KINDS)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-    @pytest.mark.parametrize("params", SMALL_TILES, ids=lambda t: t.name)
+    # and the short-prompt candidates (GQA-packed, narrow query tiles)
+    @pytest.mark.parametrize("params", [*SMALL_TILES, *pf.SHORT_PROMPT_TACTICS],
+                             ids=lambda t: t.name)  # fmt: skip
     def test_prefill_attention(kind, dtype, params):
         torch.manual_seed(8)
         new, ctx = [7, 1, 20], [7, 30, 60]  # a prompt, a decode row, a chunk after a prefix

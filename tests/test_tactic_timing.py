@@ -139,6 +139,65 @@ def test_the_build_times_a_short_context_decode_tactic_under_its_bound(monkeypat
         assert (f"{fastest.name}@short{SHORT_CONTEXT}" in choice.timings_ms) == short
 
 
+def test_short_prompt_launches_run_the_short_prompt_prefill_tactic(monkeypatch):
+    """A paged_attention tactic with a short-prompt prefill tactic launches it where the
+    longest prompt has at most SHORT_PROMPT queries, its prefill tactic past that; without
+    one, the prefill tactic everywhere."""
+    from ingot.plugins.attention.triton_prefill import SHORT_PROMPT, SHORT_PROMPT_TACTICS
+
+    long, short = dec.PREFILL_TACTICS[0], SHORT_PROMPT_TACTICS[0]
+    seen = []
+    monkeypatch.setattr(dec, "launch_prefill", lambda *a, **kw: seen.append((a[10], a[8])))
+    build = BuildConfig(max_batch_size=8, max_seq_len=1024, max_num_tokens=2048,
+                        tokens_per_block=16)  # fmt: skip
+    shapes = _Shapes(LLAMA_3_1_8B, build, device="cpu")
+    both = dec.combine_tactics(dec.DECODE_TACTICS[0], long, short_prefill=short)
+    assert both.name.endswith(f"+prompts:{short.name}")
+    for n in (SHORT_PROMPT, SHORT_PROMPT + 1):
+        args, kwargs = shapes.prompts(2, n)
+        dec.make_paged_attention(both)(*args, **kwargs)
+    args, kwargs = shapes.prompts(2, 16)
+    dec.make_paged_attention(dec.combine_tactics(dec.DECODE_TACTICS[0], long))(*args, **kwargs)
+    assert seen == [(short.as_dict(), SHORT_PROMPT), (long.as_dict(), SHORT_PROMPT + 1),
+                    (long.as_dict(), 16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["short_wins", "long_pick_wins", "batch_1_engine"])
+def test_the_build_times_a_short_prompt_prefill_tactic_on_a_batch_of_short_prompts(
+    monkeypatch, case
+):
+    """The build times the prefill tactics and SHORT_PROMPT_TACTICS on 64 prompts of 128
+    tokens (128/128's mixed steps) and keeps the fastest as the short-prompt tactic, unless it
+    is the 2,048-token pick anyway; an engine of one sequence never runs such a batch."""
+    from ingot.compiler import tactic_select
+    from ingot.plugins import all_specs
+    from ingot.plugins.attention.triton_prefill import PREFILL_TACTICS, SHORT_PROMPT_TACTICS
+
+    seen, fastest = [], SHORT_PROMPT_TACTICS[1] if case == "short_wins" else PREFILL_TACTICS[0]
+
+    def prompts(self, batch, n, kv_fp8=False):
+        seen.append((batch, n, kv_fp8))
+        return (), {}
+
+    def fake_time(name, cands, inputs, factory=None, repeats=None, before=None, **_):
+        if factory is make_prefill_attention and len(cands) > len(PREFILL_TACTICS):
+            inputs()
+            return sorted(((c, 0.5 if c is fastest else 1.0) for c in cands), key=lambda r: r[1])
+        return [(c, 1.0 + i) for i, c in enumerate(cands)]
+
+    monkeypatch.setattr(tactic_select._Shapes, "prompts", prompts)
+    monkeypatch.setattr(tactics, "time_tactics", fake_time)
+    skip = frozenset(s.name for s in all_specs() if s.name != "paged_attention")
+    build = BuildConfig(max_batch_size=1 if case == "batch_1_engine" else 512, max_seq_len=4096,
+                        max_num_tokens=8192, tokens_per_block=32)  # fmt: skip
+    (choice,) = tactic_select.timed_choices(LLAMA_3_1_8B, build, skip=skip, kv_fp8=True)
+    assert seen == ([] if case == "batch_1_engine" else [(64, 128, True)])
+    assert ("+prompts:" in choice.tactic) == (case == "short_wins"), choice.tactic
+    if case == "short_wins":
+        assert choice.tactic.endswith(f"+prompts:{fastest.name}")
+        assert f"{fastest.name}@64x128" in choice.timings_ms
+
+
 def _fake_timer(fn, repeats, before=None):
     fn()
     return 1.0

@@ -48,6 +48,7 @@ from .triton_decode_fp8mma import decode_fp8mma
 from .triton_prefill import (
     LOG2E,
     PREFILL_TACTICS,
+    SHORT_PROMPT,
     fp16_query,
     kv_tile,
     launch_prefill,
@@ -680,13 +681,18 @@ def launch_decode(
 
 
 def combine_tactics(
-    decode: Tactic, prefill: Tactic, large: Tactic | None = None, short: Tactic | None = None
+    decode: Tactic,
+    prefill: Tactic,
+    large: Tactic | None = None,
+    short: Tactic | None = None,
+    short_prefill: Tactic | None = None,
 ) -> Tactic:
     """One paged_attention tactic from a decode tactic, a prefill tactic and optionally a
-    decode tactic for large batches (LARGE_BATCH_ROWS; without one `decode` serves all) and
-    one for short contexts (SHORT_CONTEXT; without one `decode` serves them)."""
+    decode tactic for large batches (LARGE_BATCH_ROWS; without one `decode` serves all), one
+    for short contexts (SHORT_CONTEXT; without one `decode` serves them) and a prefill tactic
+    for launches of short prompts (SHORT_PROMPT; without one `prefill` serves them)."""
     return joined_tactic(("dec_", decode, ""), ("pf_", prefill, ""), ("decl_", large, "large:"),
-                         ("decs_", short, "short:"))  # fmt: skip
+                         ("decs_", short, "short:"), ("pfs_", short_prefill, "prompts:"))  # fmt: skip
 
 
 PAGED_ATTENTION_TACTICS: tuple[Tactic, ...] = tuple(
@@ -696,15 +702,17 @@ PAGED_ATTENTION_TACTICS: tuple[Tactic, ...] = tuple(
 )
 
 
-def _split_params(tactic: Tactic | None) -> tuple[dict, dict, dict, dict]:
-    """(decode, large-batch decode, prefill, short-context decode) params of a paged_attention
-    tactic."""
+def _split_params(tactic: Tactic | None) -> tuple[dict, dict, dict, dict, dict]:
+    """(decode, large-batch decode, prefill, short-context decode, short-prompt prefill)
+    params of a paged_attention tactic."""
     p = tactic.as_dict() if tactic is not None else {}
-    dec = {k[4:]: v for k, v in p.items() if k.startswith("dec_")} or DECODE_TACTICS[0].as_dict()
-    large = {k[5:]: v for k, v in p.items() if k.startswith("decl_")} or dec
-    pf = {k[3:]: v for k, v in p.items() if k.startswith("pf_")} or PREFILL_TACTICS[0].as_dict()
-    short = {k[5:]: v for k, v in p.items() if k.startswith("decs_")} or dec
-    return dec, large, pf, short
+
+    def part(prefix: str) -> dict:
+        return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
+
+    dec = part("dec_") or DECODE_TACTICS[0].as_dict()
+    pf = part("pf_") or PREFILL_TACTICS[0].as_dict()
+    return dec, part("decl_") or dec, pf, part("decs_") or dec, part("pfs_") or pf
 
 
 def make_decode_attention(tactic: Tactic | None = None):
@@ -795,7 +803,7 @@ def _fp8mma_variant(rows: int, k_scale, v_cache, window: int, new_v) -> dict | N
 
 
 def make_paged_attention(tactic: Tactic | None = None):
-    dec_params, large_params, pf_params, short_params = _split_params(tactic)
+    dec_params, large_params, long_pf, short_params, short_pf = _split_params(tactic)
 
     def decode_params(rows: int, bound: int) -> dict:
         """The decode tactic for `rows` = sequences x kv heads under a context bound."""
@@ -844,6 +852,7 @@ def make_paged_attention(tactic: Tactic | None = None):
                 return out
             # NOTE: host sync; the runtime passes max_query_len instead.
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        pf_params = short_pf if max_query_len <= SHORT_PROMPT else long_pf
         B, T, hkv = context_lens.shape[0], q.shape[0], k_cache.shape[2]
         table_len = block_tables.shape[1] * k_cache.shape[1]
         nd = decode_rows(T, B, int(max_query_len), num_decodes)

@@ -78,6 +78,29 @@ PREFILL_TACTICS: tuple[Tactic, ...] = (
     read_ahead(_M64_N32_S3),
 )
 
+
+def prefill_tactic(bm: int, bn: int, w: int, s: int, gqa: bool = False) -> Tactic:
+    """The prefill tactic of BLOCK_M bm, BLOCK_N bn, w warps, s stages (GQA-packed: gqa)."""
+    p = (("block_m", bm), ("block_n", bn), ("num_warps", w), ("num_stages", s))
+    return Tactic(f"m{bm}_n{bn}_w{w}_s{s}" + "_gqa" * gqa, p + (("gqa", 1),) * gqa)
+
+
+# Launches whose longest prompt has at most SHORT_PROMPT queries (a 128/128 mixed step: ~64
+# prompts of 128 tokens) run a tactic's short-prompt prefill tactic, which the build times at
+# such a batch among PREFILL_TACTICS and these (`combine_tactics(short_prefill=)`): the
+# 2,048-token pick took 159 us a layer there in the H100 profile (docs/performance.md 12-06
+# 11:20), ~4x what its bytes take at the copy bandwidth. These give each program less work
+# (narrower query tiles) or load K/V once for a kv head's q heads (GQA packing); none spills
+# on sm_90 with an FP8 cache (m128_n64_w4_s2_gqa did: 255 registers, 19 spills in its loops).
+SHORT_PROMPT = 256
+SHORT_PROMPT_TACTICS: tuple[Tactic, ...] = (
+    prefill_tactic(64, 64, 4, 2, gqa=True),
+    prefill_tactic(64, 32, 4, 2, gqa=True),
+    prefill_tactic(32, 64, 4, 2),
+    prefill_tactic(32, 32, 2, 2),
+    prefill_tactic(16, 32, 2, 2),
+)
+
 LOG2E = 1.4426950408889634
 
 
