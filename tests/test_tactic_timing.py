@@ -160,6 +160,18 @@ def test_short_prompt_launches_run_the_short_prompt_prefill_tactic(monkeypatch):
     dec.make_paged_attention(dec.combine_tactics(dec.DECODE_TACTICS[0], long))(*args, **kwargs)
     assert seen == [(short.as_dict(), SHORT_PROMPT), (long.as_dict(), SHORT_PROMPT + 1),
                     (long.as_dict(), 16)]  # fmt: skip
+    # INGOT_SHORT_PROMPT_TACTIC (A/Bs on one engine): another tactic, or the 2,048-token pick
+    other = SHORT_PROMPT_TACTICS[-1]
+    for value, want in ((other.name, other), ("long", long)):
+        seen.clear()
+        monkeypatch.setenv(dec.SHORT_PROMPT_ENV, value)
+        for n in (16, SHORT_PROMPT + 1):
+            args, kwargs = shapes.prompts(2, n)
+            dec.make_paged_attention(both)(*args, **kwargs)
+        assert seen == [(want.as_dict(), 16), (long.as_dict(), SHORT_PROMPT + 1)]
+    monkeypatch.setenv(dec.SHORT_PROMPT_ENV, "m1_n1")
+    with pytest.raises(ValueError, match="not a prefill tactic"):
+        dec.make_paged_attention(both)(*shapes.prompts(2, 16)[0], max_query_len=16)
 
 
 @pytest.mark.parametrize("case", ["short_wins", "long_pick_wins", "batch_1_engine"])

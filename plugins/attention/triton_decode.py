@@ -49,6 +49,7 @@ from .triton_prefill import (
     LOG2E,
     PREFILL_TACTICS,
     SHORT_PROMPT,
+    SHORT_PROMPT_TACTICS,
     fp16_query,
     kv_tile,
     launch_prefill,
@@ -776,16 +777,33 @@ FP8MMA_ENV = "INGOT_FP8MMA_DECODE"
 LARGE_DECODE_ENV = "INGOT_LARGE_DECODE_TACTIC"
 
 
-def _large_decode_override() -> dict | None:
-    """LARGE_DECODE_ENV's tactic params, or None when it is unset."""
-    name = os.environ.get(LARGE_DECODE_ENV)
+# The same for the short-prompt prefill tactic: INGOT_SHORT_PROMPT_TACTIC=<a prefill tactic
+# name>, or `long` for the 2,048-token pick (as engines without a short-prompt tactic run).
+SHORT_PROMPT_ENV = "INGOT_SHORT_PROMPT_TACTIC"
+
+
+def _env_tactic(env: str, tactics: tuple[Tactic, ...], kind: str) -> dict | None:
+    """The params of the tactic named by environment variable `env`, or None when unset."""
+    name = os.environ.get(env)
     if not name:
         return None
-    for t in DECODE_TACTICS:
+    for t in tactics:
         if t.name == name:
             return t.as_dict()
-    names = ", ".join(t.name for t in DECODE_TACTICS)
-    raise ValueError(f"{LARGE_DECODE_ENV}={name} is not a decode tactic; one of: {names}")
+    names = ", ".join(t.name for t in tactics)
+    raise ValueError(f"{env}={name} is not a {kind} tactic; one of: {names}")
+
+
+def _large_decode_override() -> dict | None:
+    """LARGE_DECODE_ENV's tactic params, or None when it is unset."""
+    return _env_tactic(LARGE_DECODE_ENV, DECODE_TACTICS, "decode")
+
+
+def _short_prompt_override(long: dict) -> dict | None:
+    """SHORT_PROMPT_ENV's tactic params (`long`'s for `long`), or None when it is unset."""
+    if os.environ.get(SHORT_PROMPT_ENV) == "long":
+        return long
+    return _env_tactic(SHORT_PROMPT_ENV, PREFILL_TACTICS + SHORT_PROMPT_TACTICS, "prefill")
 
 
 def _fp8mma_variant(rows: int, k_scale, v_cache, window: int, new_v) -> dict | None:
@@ -852,7 +870,9 @@ def make_paged_attention(tactic: Tactic | None = None):
                 return out
             # NOTE: host sync; the runtime passes max_query_len instead.
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-        pf_params = short_pf if max_query_len <= SHORT_PROMPT else long_pf
+        pf_params = long_pf
+        if max_query_len <= SHORT_PROMPT:
+            pf_params = _short_prompt_override(long_pf) or short_pf
         B, T, hkv = context_lens.shape[0], q.shape[0], k_cache.shape[2]
         table_len = block_tables.shape[1] * k_cache.shape[1]
         nd = decode_rows(T, B, int(max_query_len), num_decodes)
