@@ -255,7 +255,7 @@ def timed_choices(
     )
     from ingot.plugins.attention.triton_prefill import (
         PREFILL_TACTICS,
-        SHORT_PROMPT,
+        SHORT_PROMPT_BATCH,
         SHORT_PROMPT_TACTICS,
         make_prefill_attention,
     )
@@ -307,11 +307,12 @@ def timed_choices(
 
     def short_prompt_prefill(long: Tactic) -> tuple[Tactic | None, list[tuple[Tactic, float]]]:
         """The prefill tactic of launches whose prompts have at most SHORT_PROMPT tokens,
-        timed at a batch of such prompts (128/128's mixed steps: 64 of 128 tokens) among
+        timed at SHORT_PROMPT_BATCH (128/128's mixed steps: 64 prompts of 128 tokens) among
         PREFILL_TACTICS and SHORT_PROMPT_TACTICS; None where the 2,048-token pick (`long`)
         is the fastest there too, or the engine never runs such a batch."""
-        n = min(SHORT_PROMPT // 2, build.max_seq_len)
-        batch = min(64, build.max_num_tokens // n, build.max_batch_size)
+        prompts, n = SHORT_PROMPT_BATCH
+        n = min(n, build.max_seq_len)
+        batch = min(prompts, build.max_num_tokens // n, build.max_batch_size)
         if batch < 2:
             return None, []
         res = time_tactics(

@@ -37,7 +37,6 @@ EXTRA = (
     tactic(128, 32, 4, 3),
     tactic(64, 128, 4, 2),
 )
-SHORT_PROMPTS, SHORT_LEN = 64, 128
 
 
 def main() -> None:
@@ -113,9 +112,9 @@ def fp8_cache(kc, vc, **kw) -> tuple[torch.Tensor, torch.Tensor, dict]:
 
 
 def short_prompts(bs: int, reps: int, bw: float) -> dict:
-    """SHORT_PROMPTS prompts of SHORT_LEN tokens on an FP8 cache: each tactic's µs, TFLOP/s and
+    """The build's short-prompt batch (SHORT_PROMPT_BATCH) on an FP8 cache: each tactic's µs, TFLOP/s and
     the fraction of the copy bandwidth its bytes (bf16 q and output, FP8 K/V) would take."""
-    scale, n, b = 1 / math.sqrt(HD), SHORT_LEN, SHORT_PROMPTS
+    scale, (b, n) = 1 / math.sqrt(HD), pf.SHORT_PROMPT_BATCH
     q, kc, vc, bt, cl, qsl = paged([n] * b, [n] * b, bs=bs)
     kc8, vc8, kw = fp8_cache(kc, vc, max_query_len=n)
     flops = b * 4 * HD * HQ * n * (n + 1) / 2

@@ -93,6 +93,8 @@ def prefill_tactic(bm: int, bn: int, w: int, s: int, gqa: bool = False) -> Tacti
 # (narrower query tiles) or load K/V once for a kv head's q heads (GQA packing); none spills
 # on sm_90 with an FP8 cache (m128_n64_w4_s2_gqa did: 255 registers, 19 spills in its loops).
 SHORT_PROMPT = 256
+# the batch the build times them on (prompts, tokens each), engine limits allowing
+SHORT_PROMPT_BATCH = (64, SHORT_PROMPT // 2)
 SHORT_PROMPT_TACTICS: tuple[Tactic, ...] = (
     prefill_tactic(64, 64, 4, 2, gqa=True),
     # the H100's pick on 64 prompts of 128 tokens: 83.6 us against 101.3 for the 2,048-token
