@@ -314,3 +314,25 @@ def test_allocator_delta_counts_what_grew_during_a_run():
     after = {k: 3 + i for i, k in enumerate(ALLOCATOR_COUNTERS)}
     assert allocator_delta(before, after) == {k: i for i, k in enumerate(ALLOCATOR_COUNTERS)}
     assert allocator_delta(None, after) is None and allocator_delta(before, None) is None
+
+
+def test_warm_up_fills_one_step_of_the_points_shape():
+    """The untimed warm-up before a point runs as many of its longest prompts as its first
+    step takes: bounded by the token budget, the batch, the point's concurrency and size."""
+    from types import SimpleNamespace
+
+    from ingot.cli.bench.points import Point
+    from ingot.cli.bench.runner import warm_requests
+
+    build = SimpleNamespace(max_batch_size=512, max_num_tokens=8192)
+
+    def point(n, inp, concurrency=None):
+        return Point("p", "throughput", synthetic(n, inp, 2, 100, seed=1), concurrency, n)
+
+    assert warm_requests(point(4096, 128), build) == 64  # 128/128: the token budget
+    assert warm_requests(point(512, 2048), build) == 4
+    assert warm_requests(point(4096, 16), build) == 512  # the batch
+    assert warm_requests(point(8, 128, concurrency=1), build) == 1  # a latency point
+    assert warm_requests(point(3, 128), build) == 3  # the point's size
+    assert warm_requests(point(10, 9000), build) == 1  # a prompt longer than the budget
+    assert warm_requests(point(4096, 128), build, limit=8) == 8  # the baseline's share
