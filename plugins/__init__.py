@@ -147,7 +147,7 @@ _op(
     (("group_size", "int32"),),
     "quant.reference:make_w4a16_linear",
     "quant.triton_w4a16:make_w4a16_linear",
-    "quant.triton_w4a16:W4A16_TACTICS",
+    "quant.w4a16_tactics:W4A16_TACTICS",
     version=2,  # v2: weights [N, K/8] interleaved per 128 k, scales [N, K/G] (v1: transposed)
 )
 # INT4 AWQ engines: the W4A16 QKV projection with RoPE and the KV write in its epilogue
