@@ -322,9 +322,14 @@ def test_warm_up_fills_one_step_of_the_points_shape():
     from types import SimpleNamespace
 
     from ingot.cli.bench.points import Point
-    from ingot.cli.bench.runner import warm_requests
+    from ingot.cli.bench.runner import warm_workload
 
     build = SimpleNamespace(max_batch_size=512, max_num_tokens=8192)
+
+    def warm_requests(p, build, limit=None):
+        w = warm_workload(p, build, 100, limit)
+        assert {it.input_len for it in w.items} == {max(it.input_len for it in p.workload.items)}
+        return len(w)
 
     def point(n, inp, concurrency=None):
         return Point("p", "throughput", synthetic(n, inp, 2, 100, seed=1), concurrency, n)

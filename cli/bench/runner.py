@@ -23,7 +23,7 @@ from .ingot_driver import IngotDriver
 from .metrics import compare, summarize
 from .points import Options, Point, build_points
 from .roofline import Roofline, decode_weight_bytes, measure_bandwidth
-from .workload import synthetic
+from .workload import Workload, synthetic
 
 SCHEMA = "ingot-bench"
 SCHEMA_VERSION = 1
@@ -51,24 +51,21 @@ def _warmup(driver, vocab_size: int, max_seq_len: int) -> None:
     driver.run(w)
 
 
-def warm_requests(p: Point, build, limit: int | None = None) -> int:
-    """How many of the point's longest prompts one step takes (the token budget, the batch, the
-    point's concurrency and size; `limit`: the baseline's share of the point)."""
+def warm_workload(p: Point, build, vocab_size: int, limit: int | None = None) -> Workload:
+    """Untimed requests to run before point `p`: as many of its longest prompts as one step
+    takes (the token budget, the batch, the point's concurrency and size; `limit`: the
+    baseline's share of the point), two output tokens each, fresh token ids (no prefix cached
+    for the point). First-use costs of a step of that shape (GEMM heuristics at its rows,
+    allocator growth, graph capture) stay out of the point's figures, on both sides. One request
+    warmed only one prompt's rows; the H200's first 8,192-token step of 128/128 then took 212 ms
+    against ~100 for the later ones (how much of that is first use rather than the pipeline
+    filling: see docs/performance.md)."""
     n = max(it.input_len for it in p.workload.items)
     k = min(len(p.workload), p.max_concurrency or build.max_batch_size)
     k = min(k, max(1, build.max_num_tokens // n))
-    return k if limit is None else max(1, min(k, limit))
-
-
-def _warm_shape(driver, p: Point, vocab_size: int, num_requests: int) -> None:
-    """Untimed requests as long as the point's longest prompt, as many as its first step takes
-    (fresh token ids, so no prefix is cached for the point): first-use costs of a step of that
-    shape (GEMM heuristics at its rows, allocator growth, graph capture) stay out of the point's
-    figures, on both sides. One request warmed only one prompt's rows; the H200's first
-    8,192-token step of 128/128 then took 212 ms against ~100 for the later ones (how much of
-    that is first use rather than the pipeline filling: see docs/performance.md)."""
-    n = max(it.input_len for it in p.workload.items)
-    driver.run(synthetic(num_requests, n, 2, vocab_size, seed=2**31 - 2))
+    if limit is not None:
+        k = max(1, min(k, limit))
+    return synthetic(k, n, 2, vocab_size, seed=2**31 - 2)
 
 
 def run_bench(
@@ -105,7 +102,7 @@ def run_bench(
     results = [{**p.describe(), "ingot": None, "hf": None, "vs_hf": None} for p in points]
     _warmup(ours, m.vocab_size, b.max_seq_len)
     for p, r in zip(points, results, strict=True):
-        _warm_shape(ours, p, m.vocab_size, warm_requests(p, b))
+        ours.run(warm_workload(p, b, m.vocab_size))
         t = time.perf_counter()
         r["ingot"] = summarize(ours.run(p.workload, p.max_concurrency), roof)
         log(f"ingot {p.name}: {time.perf_counter() - t:.1f} s")
@@ -172,7 +169,7 @@ def _run_hf(engine, points: list[Point], results: list[dict], roof, hf_dir, devi
     hf = HFDriver(model, device, cfg.build.max_batch_size)
     _warmup(hf, cfg.model.vocab_size, cfg.build.max_seq_len)
     for p, r in zip(points, results, strict=True):
-        _warm_shape(hf, p, cfg.model.vocab_size, warm_requests(p, cfg.build, p.hf_num_requests))
+        hf.run(warm_workload(p, cfg.build, cfg.model.vocab_size, p.hf_num_requests))
         t = time.perf_counter()
         r["hf"] = summarize(hf.run(p.hf_workload(), p.max_concurrency), roof)
         r["vs_hf"] = compare(p.mode, r["ingot"], r["hf"], p.hf_outputs_capped)
