@@ -1,6 +1,7 @@
 """`ingot` CLI: one typer app, one small module per command.
 
-User errors (`IngotError`) become one line on stderr and exit code 2; an interrupt exits 130.
+User errors (`IngotError`) become one line on stderr and exit code 2; an interrupt exits 130;
+a bug becomes one line, a crash report file and exit code 1 (cli/crash_report.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from ingot.cli.crash_report import (
+    INTERNAL_ERROR_EXIT_CODE,
+    internal_error_line,
+    show_traceback,
+    write_crash_report,
+)
 from ingot.runtime.errors import IngotError, IngotWarning
 from ingot.runtime.version import INGOT_VERSION
 
@@ -89,7 +96,7 @@ def _one_line_warnings() -> None:
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback);
-    IngotWarning into one `warning:` line."""
+    IngotWarning into one `warning:` line; a bug into one line, a crash report and exit code 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -106,7 +113,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             # torch's CPU allocator raises a plain RuntimeError
             host_oom = type(e).__name__ == "RuntimeError" and "can't allocate memory" in str(e)
             if type(e).__name__ not in ("OutOfMemoryError", "MemoryError") and not host_oom:
-                raise
+                if show_traceback():
+                    raise
+                fail(internal_error_line(e, write_crash_report(e)), INTERNAL_ERROR_EXIT_CODE)
             where = "GPU" if type(e).__name__ == "OutOfMemoryError" else "host"
             fail(
                 f"out of {where} memory ({str(e).splitlines()[0][:160] if str(e) else 'no detail'})"

@@ -353,6 +353,41 @@ def test_interrupted_build_leaves_nothing(ckpt, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bug_in_a_build_is_one_line_and_a_crash_report(ckpt, tmp_path, monkeypatch):
+    """Not bad input (exit 2) but a bug: one line, exit 1, the traceback in a report file, no
+    engine left behind; INGOT_TRACEBACK=1 lets the exception through for debugging."""
+    import tempfile
+
+    import ingot.compiler.build as build_mod
+
+    def boom(*a, **k):
+        raise SystemError("AST constructor recursion depth mismatch (before=198, after=295)")
+
+    monkeypatch.setattr(build_mod, "_write_file", boom)
+    reports = tmp_path / "tmp"
+    reports.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(reports))
+    out = tmp_path / "out" / "engine"
+    args = ("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "cpu")
+    monkeypatch.delenv("INGOT_TRACEBACK", raising=False)
+    r = invoke(*args)
+    assert r.exit_code == 1, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: internal error") and "Traceback" not in r.output
+    assert "SystemError: AST constructor recursion depth mismatch" in line
+    (report,) = reports.glob("ingot-crash-*.txt")
+    assert str(report) in line
+    text = report.read_text()
+    assert "Traceback" in text and "in boom" in text and "ingot " in text.splitlines()[0]
+    assert list((tmp_path / "out").iterdir()) == []
+
+    monkeypatch.setenv("INGOT_TRACEBACK", "1")
+    r = invoke(*args)
+    assert isinstance(r.exception, SystemError) and r.exit_code == 1
+    assert len(list(reports.glob("ingot-crash-*.txt"))) == 1
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_outputs_cut_by_max_seq_len_get_a_note(engine):
     """Asking for more new tokens than the engine's max_seq_len leaves: the output stops there
     (finish reason length), exit 0, and one note on stderr says why; none when it fits."""
