@@ -108,6 +108,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("interrupted; no partial output was left behind", err=True)
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):  # NOTE: click's are RuntimeErrors, not bugs
+            raise
         except Exception as e:
             # NOTE: matched by name so the CLI need not import torch to start.
             # torch's CPU allocator raises a plain RuntimeError
