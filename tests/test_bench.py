@@ -243,6 +243,32 @@ def test_user_errors_are_one_line(engine, tmp_path):
     assert (tmp_path / "y" / "latency.md").read_text() == "keep me"
 
 
+def test_a_failed_write_leaves_no_outputs(engine, tmp_path, monkeypatch):
+    """The plot fails after the JSON and the table were rendered: none of the three is left,
+    the error is one line (a bug, exit 1) and the earlier files are untouched with --force."""
+    import tempfile
+
+    import ingot.cli.bench.report as report
+
+    def broken_plot(doc, path):
+        path.write_bytes(b"half a png")
+        raise ValueError("plot broke")
+
+    monkeypatch.setattr(report, "plot", broken_plot)
+    monkeypatch.delenv("INGOT_TRACEBACK", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the crash reports
+    out = tmp_path / "out"
+    args = ("latency", "--input-len", 8, "--output-len", 2, "--num-requests", 1)
+    r = _bench(engine, out, *args)
+    assert r.exit_code == 1 and "ValueError: plot broke" in r.stderr, r.output
+    assert list(out.iterdir()) == []
+    (out / "latency.md").write_text("keep me")
+    r = _bench(engine, out, *args, "--force")
+    assert r.exit_code == 1
+    assert sorted(p.name for p in out.iterdir()) == ["latency.md"]
+    assert (out / "latency.md").read_text() == "keep me"
+
+
 def test_workloads_are_reproducible(tmp_path):
     a = synthetic(4, 10, 3, vocab_size=100, seed=7, shared_prefix_len=4)
     assert a == synthetic(4, 10, 3, vocab_size=100, seed=7, shared_prefix_len=4)

@@ -14,6 +14,7 @@ kv_cache, prefix_cache.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ingot.runtime.errors import OutputExistsError
@@ -33,10 +34,19 @@ def check_outputs(out_dir: Path, stem: str, force: bool) -> dict[str, Path]:
 
 
 def write_all(doc: dict, paths: dict[str, Path]) -> None:
+    """All three or none: each is written under a hidden name beside its own, then renamed."""
     paths["json"].parent.mkdir(parents=True, exist_ok=True)
-    paths["json"].write_text(json.dumps(doc, indent=2) + "\n")
-    paths["md"].write_text(markdown(doc))
-    plot(doc, paths["png"])
+    # NOTE: the hidden name keeps the suffix, from which matplotlib takes the image format
+    tmp = {k: p.with_name(f".{p.stem}.tmp-{os.getpid()}{p.suffix}") for k, p in paths.items()}
+    try:
+        tmp["json"].write_text(json.dumps(doc, indent=2) + "\n")
+        tmp["md"].write_text(markdown(doc))
+        plot(doc, tmp["png"])
+        for k, p in tmp.items():
+            p.replace(paths[k])
+    finally:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
