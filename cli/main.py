@@ -39,6 +39,8 @@ def _click_errors(name: str) -> tuple[type[BaseException], ...]:
 
 _USAGE_ERRORS = _click_errors("UsageError")
 _ABORTS = _click_errors("Abort")
+# a command's own exit code or abort: RuntimeErrors to Python, not bugs
+_NOT_BUGS = (typer.Exit, typer.Abort, *_click_errors("Exit"), *_ABORTS)
 
 
 class OneLineErrors(TyperGroup):
@@ -108,7 +110,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("interrupted; no partial output was left behind", err=True)
             raise typer.Exit(130) from None
-        except (typer.Exit, typer.Abort):  # NOTE: click's are RuntimeErrors, not bugs
+        except _NOT_BUGS:
             raise
         except Exception as e:
             # NOTE: matched by name so the CLI need not import torch to start.
