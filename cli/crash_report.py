@@ -26,6 +26,11 @@ def show_traceback() -> bool:
     return os.environ.get(_SHOW_TRACEBACK_ENV, "") not in ("", "0")
 
 
+def first_line(exc: BaseException, limit: int) -> str:
+    """The exception's message cut to one line of at most `limit` characters."""
+    return str(exc).splitlines()[0][:limit] if str(exc) else "no detail"
+
+
 def write_crash_report(exc: BaseException) -> Path | None:
     """Write the traceback and what ran into a new file in the temp dir; None if that fails."""
     text = "".join(
@@ -48,7 +53,7 @@ def write_crash_report(exc: BaseException) -> Path | None:
 
 def internal_error_line(exc: BaseException, report: Path | None) -> str:
     """One line: what failed, that it is a bug, and where the traceback went."""
-    detail = str(exc).splitlines()[0][:200] if str(exc) else "no detail"
+    detail = first_line(exc, 200)
     where = (
         f"the traceback is in {report}; please attach it to a bug report"
         if report is not None

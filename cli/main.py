@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 
 from ingot.cli.crash_report import (
     INTERNAL_ERROR_EXIT_CODE,
+    first_line,
     internal_error_line,
     show_traceback,
     write_crash_report,
@@ -96,6 +97,18 @@ def _one_line_warnings() -> None:
     warnings.simplefilter("always", IngotWarning)  # each time, not once per code location
 
 
+def _out_of_memory(e: Exception) -> str | None:
+    """'GPU' or 'host' when `e` is an allocation failure, else None."""
+    # NOTE: matched by name so the CLI need not import torch to start.
+    name = type(e).__name__
+    if name == "OutOfMemoryError":
+        return "GPU"
+    # torch's CPU allocator raises a plain RuntimeError
+    if name == "MemoryError" or (name == "RuntimeError" and "can't allocate memory" in str(e)):
+        return "host"
+    return None
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback);
     IngotWarning into one `warning:` line; a bug into one line, a crash report and exit code 1."""
@@ -113,19 +126,16 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except _NOT_BUGS:
             raise
         except Exception as e:
-            # NOTE: matched by name so the CLI need not import torch to start.
-            # torch's CPU allocator raises a plain RuntimeError
-            host_oom = type(e).__name__ == "RuntimeError" and "can't allocate memory" in str(e)
-            if type(e).__name__ not in ("OutOfMemoryError", "MemoryError") and not host_oom:
-                if show_traceback():
-                    raise
-                fail(internal_error_line(e, write_crash_report(e)), INTERNAL_ERROR_EXIT_CODE)
-            where = "GPU" if type(e).__name__ == "OutOfMemoryError" else "host"
-            fail(
-                f"out of {where} memory ({str(e).splitlines()[0][:160] if str(e) else 'no detail'})"
-                " (lower --kv-cache-free-gpu-memory-fraction or --num-kv-blocks, or rebuild with "
-                "a smaller --max-batch-size / --max-num-tokens / --max-seq-len)"
-            )
+            where = _out_of_memory(e)
+            if where is not None:
+                fail(
+                    f"out of {where} memory ({first_line(e, 160)}) (lower "
+                    "--kv-cache-free-gpu-memory-fraction or --num-kv-blocks, or rebuild with "
+                    "a smaller --max-batch-size / --max-num-tokens / --max-seq-len)"
+                )
+            if show_traceback():
+                raise
+            fail(internal_error_line(e, write_crash_report(e)), INTERNAL_ERROR_EXIT_CODE)
 
     return wrapper
 
