@@ -42,6 +42,7 @@ _USAGE_ERRORS = _click_errors("UsageError")
 _ABORTS = _click_errors("Abort")
 # a command's own exit code or abort: RuntimeErrors to Python, not bugs
 _NOT_BUGS = (typer.Exit, typer.Abort, *_click_errors("Exit"), *_ABORTS)
+INTERRUPTED = "interrupted; no partial output was left behind"
 
 
 class OneLineErrors(TyperGroup):
@@ -59,8 +60,13 @@ class OneLineErrors(TyperGroup):
             typer.echo(f"error: {e.format_message()} (see '{cmd} --help')", err=True)
             sys.exit(2)
         except _ABORTS:
-            typer.echo("interrupted; no partial output was left behind", err=True)
+            typer.echo(INTERRUPTED, err=True)
             sys.exit(130)
+        except Exception as e:  # a bug outside any command's body: an option callback, say
+            if show_traceback():
+                raise
+            typer.echo(f"error: {_bug_line(e)}", err=True)
+            sys.exit(INTERNAL_ERROR_EXIT_CODE)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -109,6 +115,11 @@ def _out_of_memory(e: Exception) -> str | None:
     return None
 
 
+def _bug_line(e: Exception) -> str:
+    """The one line a bug gets, after its traceback went to a crash report file."""
+    return internal_error_line(e, write_crash_report(e))
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn IngotError / bad values into one clear line and exit code 2 (never a traceback);
     IngotWarning into one `warning:` line; a bug into one line, a crash report and exit code 1."""
@@ -121,7 +132,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except IngotError as e:
             fail(e.one_line(), e.exit_code)
         except KeyboardInterrupt:
-            typer.echo("interrupted; no partial output was left behind", err=True)
+            typer.echo(INTERRUPTED, err=True)
             raise typer.Exit(130) from None
         except _NOT_BUGS:
             raise
@@ -135,7 +146,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 )
             if show_traceback():
                 raise
-            fail(internal_error_line(e, write_crash_report(e)), INTERNAL_ERROR_EXIT_CODE)
+            fail(_bug_line(e), INTERNAL_ERROR_EXIT_CODE)
 
     return wrapper
 
