@@ -9,11 +9,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ingot.runtime.errors import OutputExistsError
+from ingot.runtime.errors import ConfigError, OutputExistsError
 
 
 def _is_nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
+
+
+def refuse_replacing_input(output_dir: Path, input_dir: Path, input_what: str) -> None:
+    """ConfigError when --output-dir is the input dir or a dir above it: replacing it (with
+    --force) would delete the input the command reads."""
+    src, out = Path(input_dir).resolve(), Path(output_dir).resolve()
+    if out == src or out in src.parents:
+        raise ConfigError(
+            f"--output-dir {output_dir} would replace the {input_what}",
+            hint=f"choose an output dir outside the {input_what}",
+        )
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from ingot.runtime.errors import ConfigError
 from ingot.runtime.timing import Lap
 
 from . import fast_accum
-from .atomic import atomic_output_dir
+from .atomic import atomic_output_dir, refuse_replacing_input
 from .checkpoint import TOKENIZER_DIR, load_checkpoint, verify_rank_file
 from .kernel_bundle import build_kernel_bundle
 from .quantize.layout import repack_for_engine
@@ -317,6 +317,7 @@ def build_engine(
     # NOTE: the output check comes first so a kept artifact is reported before any slow work.
     phases: dict[str, float] = {}  # seconds per phase, kept in the engine (extra.build_seconds)
     laps = Lap(phases, torch.device("cpu"))
+    refuse_replacing_input(Path(output_dir), Path(checkpoint_dir), "checkpoint dir")
     with (
         atomic_output_dir(Path(output_dir), force, "engine") as tmp,
         _verifying(Path(checkpoint_dir)) as verified,

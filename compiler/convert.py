@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from ingot.runtime.config import ModelConfig
 from ingot.runtime.errors import CheckpointError, ConfigError
 
-from .atomic import atomic_output_dir
+from .atomic import atomic_output_dir, refuse_replacing_input
 from .checkpoint import (
     TOKENIZER_DIR,
     TORCH_DTYPES,
@@ -228,12 +228,7 @@ def convert_checkpoint(
             f"--tp-size {tp_size} is not supported yet for quantized checkpoints",
             "convert with --tp-size 1, or without --quant / --kv-cache-dtype fp8",
         )
-    src, out = model_dir.resolve(), output_dir.resolve()
-    if out == src or out in src.parents:
-        raise ConfigError(
-            f"--output-dir {output_dir} would replace the model dir",
-            hint="choose an output dir outside the model dir",
-        )
+    refuse_replacing_input(output_dir, model_dir, "model dir")
     files = _weight_files(model_dir)
     plan = build_plan(cfg)
     shapes = expected_tensor_shapes(cfg)

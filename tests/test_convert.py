@@ -300,8 +300,9 @@ def test_interrupt_leaves_nothing_and_keeps_old(tiny_hf_dir, tmp_path: Path, exc
 
 def test_output_inside_model_dir_refused(hf_copy) -> None:
     hf = hf_copy("llama")
-    with pytest.raises(ConfigError, match="replace the model dir"):
-        convert_checkpoint(hf, hf, force=True)
+    for out in (hf, hf.parent):  # the model dir, or a dir above it
+        with pytest.raises(ConfigError, match="replace the model dir"):
+            convert_checkpoint(hf, out, force=True)
     assert (hf / "model.safetensors").is_file()
 
 

@@ -353,6 +353,20 @@ def test_interrupted_build_leaves_nothing(ckpt, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_output_over_the_checkpoint_is_refused_even_with_force(ckpt, tmp_path):
+    """--output-dir at the checkpoint dir, or at a dir above it, would delete the checkpoint when
+    the engine replaces it: one line, exit 2, the checkpoint untouched."""
+    work = tmp_path / "work"
+    shutil.copytree(ckpt, work / "ckpt")
+    before = sorted(p.name for p in (work / "ckpt").iterdir())
+    for out in (work / "ckpt", work, tmp_path):
+        r = invoke("build-engine", "--checkpoint-dir", work / "ckpt", "--output-dir", out,
+                   "--target", "cpu", "--force")  # fmt: skip
+        assert_one_line_error(r, f"--output-dir {out} would replace the checkpoint dir")
+        assert sorted(p.name for p in (work / "ckpt").iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
 def test_a_bug_in_a_build_is_one_line_and_a_crash_report(ckpt, tmp_path, monkeypatch):
     """Not bad input (exit 2) but a bug: one line, exit 1, the traceback in a report file, no
     engine left behind; INGOT_TRACEBACK=1 lets the exception through for debugging."""
