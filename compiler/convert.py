@@ -198,6 +198,25 @@ def _copy_tokenizer(model_dir: Path, dst: Path) -> list[str]:
     return copied
 
 
+def _copy_loadable_tokenizer(model_dir: Path, dst: Path) -> None:
+    """Copy the tokenizer files and load the copy as the engine will (runtime/llm.py
+    load_tokenizer): a model dir whose tokenizer transformers cannot build fails here, before
+    the slow work, instead of at run-engine."""
+    from transformers import AutoTokenizer
+
+    copied = _copy_tokenizer(model_dir, dst)
+    try:
+        AutoTokenizer.from_pretrained(str(dst))
+    except (OSError, ValueError) as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise CheckpointError(
+            f"transformers cannot load a tokenizer from {model_dir} (its tokenizer files: "
+            f"{', '.join(copied) or 'none'}): {detail}",
+            hint="put the model's tokenizer files (tokenizer.json, tokenizer_config.json) "
+            "in the model dir",
+        ) from None
+
+
 def convert_checkpoint(
     model_dir: Path,
     output_dir: Path,
@@ -239,6 +258,7 @@ def convert_checkpoint(
         hf = _HFTensors(files, stack)
         _check_names(plan, hf.names(), cfg)
         with atomic_output_dir(output_dir, force, "checkpoint") as tmp:
+            _copy_loadable_tokenizer(model_dir, tmp / TOKENIZER_DIR)
             tensors: dict[str, torch.Tensor] = {}
             for step, (desc, prefix) in enumerate(_steps(cfg)):
                 report(desc, step, total)
@@ -262,7 +282,6 @@ def convert_checkpoint(
                 quant=quant.quant_config(),
                 quant_report=quant_report,
             )
-            _copy_tokenizer(model_dir, tmp / TOKENIZER_DIR)
             report("done", total, total)
     return output_dir
 

@@ -14,7 +14,10 @@ class IngotError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        return f"{self.message} ({self.hint})" if self.hint else self.message
+        text = f"{self.message} ({self.hint})" if self.hint else self.message
+        # NOTE: a message that quotes another library's error may span lines; the CLI's
+        # contract is one line
+        return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 class IngotWarning(UserWarning):

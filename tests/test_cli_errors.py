@@ -37,3 +37,14 @@ def test_a_bug_in_an_option_callback_is_one_line_and_a_crash_report(tmp_path, mo
 def test_version_still_prints():
     r = invoke("--version")
     assert r.exit_code == 0 and r.stdout.strip() == f"ingot {cli_main.INGOT_VERSION}"
+
+
+def test_an_error_quoting_a_multi_line_message_is_still_one_line():
+    from ingot.runtime.errors import EngineError
+
+    e = EngineError(
+        "cannot load the tokenizer: Couldn't instantiate:\n  (1) a file,\n", "rebuild\nit"
+    )
+    assert (
+        e.one_line() == "cannot load the tokenizer: Couldn't instantiate: (1) a file, (rebuild it)"
+    )

@@ -76,11 +76,15 @@ def _break(kind: str, hf: Path) -> str:
         d["intermediate_size"] = 96
         (hf / "config.json").write_text(json.dumps(d))
         return "gate_proj.weight has shape [128, 64], expected [96, 64]"
+    if kind == "no_tokenizer":  # run-engine could not tokenize: refused before the weights
+        (hf / "tokenizer.json").unlink()
+        return "transformers cannot load a tokenizer from"
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize(
-    "kind", ["no_dir", "no_config", "bad_json", "arch", "only_bin", "truncated", "shape"]
+    "kind",
+    ["no_dir", "no_config", "bad_json", "arch", "only_bin", "truncated", "shape", "no_tokenizer"],
 )
 def test_bad_inputs_fail_in_one_line(hf_copy, tmp_path: Path, kind: str) -> None:
     hf = tmp_path / "missing" if kind == "no_dir" else hf_copy("llama")
