@@ -107,16 +107,34 @@ def resolve_build_config(
     return BuildConfig(**values)
 
 
+# GPU archs whose kernels this Triton (3.6) compiles, checked by cross-building a tiny engine
+# for each (sm_88 and sm_110 fail in ptxas; an unknown arch aborts inside LLVM, leaving the
+# build's temp dir behind). Older than Ampere lacks the bf16 tensor cores the kernels use.
+GPU_ARCHS = (80, 86, 87, 89, 90, 100, 101, 103, 120, 121)
+
+
 def resolve_target(target: str) -> str:
-    """'auto' -> this machine's GPU as 'sm_XY' if there is one, else 'cpu'."""
+    """'auto' -> this machine's GPU as 'sm_XY' if there is one, else 'cpu'. ConfigError for a
+    GPU arch ingot cannot build for."""
+    where = "--target"
     if target == "auto":
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            return f"sm_{major}{minor}"
-        return "cpu"
-    if target == "cpu" or (target.startswith("sm_") and target[3:].isdigit()):
+        if not torch.cuda.is_available():
+            return "cpu"
+        major, minor = torch.cuda.get_device_capability()
+        target, where = f"sm_{major}{minor}", "this machine's GPU"
+    if target == "cpu":
         return target
-    raise ConfigError(f"unknown target {target!r}", "use cpu, auto, or a GPU arch like sm_90")
+    if not (target.startswith("sm_") and target[3:].isdigit()):
+        raise ConfigError(f"unknown target {target!r}", "use cpu, auto, or a GPU arch like sm_90")
+    arch = int(target[3:])
+    if arch not in GPU_ARCHS:
+        known = ", ".join(f"sm_{a}" for a in GPU_ARCHS)
+        why = "older than Ampere (sm_80)" if 50 <= arch < 80 else "not a GPU arch it knows"
+        raise ConfigError(
+            f"ingot cannot build engines for {where} {target}: {why}",
+            f"use one of {known}, or cpu",
+        )
+    return target
 
 
 def select_plugins(

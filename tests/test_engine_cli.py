@@ -426,6 +426,13 @@ def test_bad_flags(ckpt, engine, tmp_path):
         invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "tpu"),
         "tpu",
     )
+    # an arch older than Ampere, or one this Triton cannot compile for (sm_110 failed in ptxas,
+    # sm_130 aborted inside LLVM and left the build's temp dir behind)
+    for arch, why in (("sm_75", "older than Ampere"), ("sm_110", "not a GPU arch"),
+                      ("sm_130", "not a GPU arch")):  # fmt: skip
+        r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", arch)
+        assert_one_line_error(r, f"--target {arch}: {why}", "sm_90")
+    assert list(tmp_path.iterdir()) == []
     assert_one_line_error(
         invoke(
             "build-engine",
