@@ -16,6 +16,29 @@ def _is_nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
+def _cannot_create(path: Path, e: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot create {path}: {e.strerror or e}", hint="choose a writable --output-dir"
+    )
+
+
+def check_writable_dir(path: Path) -> None:
+    """ConfigError unless `path` is, or can be made, a dir a file can be written in; checked
+    before slow work, and leaves no dir behind that was not there."""
+    path = Path(path)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise _cannot_create(path, e) from None
+    finally:
+        for p in missing:  # deepest first
+            if p.is_dir():
+                p.rmdir()
+
+
 def refuse_replacing_input(output_dir: Path, input_dir: Path, input_what: str) -> None:
     """ConfigError when --output-dir is the input dir or a dir above it: replacing it (with
     --force) would delete the input the command reads."""
@@ -45,9 +68,12 @@ def atomic_output_dir(path: Path, force: bool, what: str) -> Iterator[Path]:
             f"{path} already holds {_article(what)} {what}; it was kept",
             hint="pass --force to replace it",
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # NOTE: same parent dir -> same filesystem, so the final rename is atomic.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # NOTE: same parent dir -> same filesystem, so the final rename is atomic.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise _cannot_create(path, e) from None
     try:
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp

@@ -194,7 +194,15 @@ def verify_rank_files(
 
 
 def check_target(cfg: EngineConfig, device: torch.device) -> None:
-    """Refuse an engine built for another device than the one we run on."""
+    """Refuse an engine built for another device than the one we run on; warn when its
+    tactics were timed on another GPU model."""
+    check_device(cfg, device)
+    if cfg.target != "cpu":
+        warn_if_tuned_elsewhere(cfg, torch.cuda.get_device_name(device))
+
+
+def check_device(cfg: EngineConfig, device: torch.device) -> None:
+    """EngineError unless `device` (and this machine's GPU) is what the engine was built for."""
     target = cfg.target
     if target == "cpu":
         if device.type != "cpu":
@@ -215,7 +223,6 @@ def check_target(cfg: EngineConfig, device: torch.device) -> None:
             f"engine was built for {target} but this GPU is {here}",
             "rebuild with `ingot build-engine --target auto` on this GPU",
         )
-    warn_if_tuned_elsewhere(cfg, torch.cuda.get_device_name(device))
 
 
 def warn_if_tuned_elsewhere(cfg: EngineConfig, gpu_name: str) -> None:

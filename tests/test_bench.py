@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,20 @@ def test_user_errors_are_one_line(engine, tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
     r = _bench(engine, tmp_path / "x", "--grid", "huge")
     assert r.exit_code == 2 and "unknown --grid" in r.stderr
+    assert not (tmp_path / "x").exists()  # checked writable, and not left behind
+    # an output dir that cannot be made (a file in the way), before any work
+    (tmp_path / "file").write_text("x")
+    r = _bench(engine, tmp_path / "file" / "sub", "latency", "--input-len", 8, "--output-len", 4)
+    assert r.exit_code == 2 and "cannot create" in r.stderr and "ingot latency" not in r.output
+    # an engine for another device: the engine's own line, before the bandwidth is measured
+    gpu = tmp_path / "gpu-engine"
+    shutil.copytree(engine, gpu)
+    cfg = json.loads((gpu / "config.json").read_text())
+    cfg["target"] = cfg["build"]["target"] = "sm_80"
+    (gpu / "config.json").write_text(json.dumps(cfg))
+    r = _bench(gpu, tmp_path / "z", "latency", "--input-len", 8, "--output-len", 4)
+    (line,) = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and "built for" in line and "sm_80" in line, r.output
     (tmp_path / "y").mkdir()
     (tmp_path / "y" / "latency.md").write_text("keep me")
     r = _bench(engine, tmp_path / "y", "latency", "--num-requests", 1)

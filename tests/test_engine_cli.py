@@ -367,6 +367,13 @@ def test_output_over_the_checkpoint_is_refused_even_with_force(ckpt, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
 
 
+def test_output_dir_that_cannot_be_made_is_one_line(ckpt, tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "engine"
+    r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--target", "cpu")
+    assert_one_line_error(r, f"cannot create {out}", "writable --output-dir")
+
+
 def test_a_bug_in_a_build_is_one_line_and_a_crash_report(ckpt, tmp_path, monkeypatch):
     """Not bad input (exit 2) but a bug: one line, exit 1, the traceback in a report file, no
     engine left behind; INGOT_TRACEBACK=1 lets the exception through for debugging."""

@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 
+from ingot.compiler.atomic import check_writable_dir
 from ingot.runtime.errors import OutputExistsError
 
 
@@ -25,7 +26,9 @@ def output_paths(out_dir: Path, stem: str) -> dict[str, Path]:
 
 
 def check_outputs(out_dir: Path, stem: str, force: bool) -> dict[str, Path]:
-    """The output paths; OutputExistsError (before any work) if one exists without --force."""
+    """The output paths; OutputExistsError (before any work) if one exists without --force,
+    ConfigError if the dir cannot be written."""
+    check_writable_dir(out_dir)
     paths = output_paths(out_dir, stem)
     taken = [str(p) for p in paths.values() if p.exists()]
     if taken and not force:

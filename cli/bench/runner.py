@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ingot.runtime.engine import read_engine_config
+from ingot.runtime.engine import check_device, read_engine_config
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.memory import kv_bytes_per_token
 from ingot.runtime.version import INGOT_VERSION
@@ -88,6 +88,7 @@ def run_bench(
     m, b = cfg.model, cfg.build
     points = build_points(options, m, b, grid)
     device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
+    check_device(cfg, device)  # before the bandwidth is measured on it
     log(f"measuring {device.type} bandwidth")
     bw = measure_bandwidth(device)
     log(f"loading engine {engine_dir}")
