@@ -195,13 +195,16 @@ def test_group_size_mismatch_names_the_layer(tiny_hf_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty"])
+@pytest.mark.parametrize("kind", ["missing", "empty", "dir"])
 def test_bad_calibration_file(hf, tmp_path, kind):
     path = tmp_path / "calib.txt"
     if kind == "empty":
         path.write_text("  \n\n")
+    if kind == "dir":
+        path.mkdir()
     r = _convert(hf, tmp_path / "o", "--quant", "fp8", "--calib-dataset", path)
-    assert_one_line_error(r, str(path), "does not exist" if kind == "missing" else "is empty")
+    why = {"missing": "does not exist", "empty": "is empty", "dir": "is a directory"}[kind]
+    assert_one_line_error(r, str(path), why)
     assert not (tmp_path / "o").exists()
 
 

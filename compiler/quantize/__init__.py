@@ -136,7 +136,7 @@ def _check_calib_file(path: Path | None) -> None:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"calibration file {path} does not exist",
+            f"calibration file {path} " + ("is a directory" if path.is_dir() else "does not exist"),
             "pass a UTF-8 text file to --calib-dataset, or leave it out to use the shipped text",
         )
     try:
