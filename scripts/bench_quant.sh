@@ -26,7 +26,9 @@
 # environment variables (tput_<point>_ab_* in the summary);
 # CALIB_SIZE / CALIB_LEN the calibration (default 16 windows of 256 tokens); BUILD_ARGS extra
 # build-engine flags for every mode (e.g. "--pdl --fused-norms"); TOKENS_PER_BLOCK the engines' KV block
-# size (default 32).
+# size (default 32); KEEP_ENGINES ("mode ...") keeps those engines on the machine after the run and
+# REUSE_ENGINES=1 runs a kept engine again (same BATCH) without the model, convert and build: a
+# second call on the warm machine saves ~170 s of device time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
@@ -111,6 +113,17 @@ PY
 }
 
 start=$SECONDS
+# REUSE_ENGINES=1: a mode whose engine a call before kept (KEEP_ENGINES, same warm machine) and
+# built for this BATCH skips the model, its convert and its build (~170 s of device time)
+reused() {
+  [[ -n "${REUSE_ENGINES:-}" && -f "$work/engine-$1/config.json" ]] && python3 -c '
+import json, sys
+sys.exit(json.load(open(sys.argv[1]))["build"]["max_batch_size"] != int(sys.argv[2]))
+' "$work/engine-$1/config.json" "$batch"
+}
+all_reused=1
+for mode in ${MODES:-bf16 fp8 int4_awq}; do reused "$mode" || all_reused=0; done
+if (( all_reused )); then echo "reusing the kept engines of ${MODES:-}"; else
 python3 - "$work/hf" "$device" "$tiny" <<'PY'
 import sys
 from pathlib import Path
@@ -123,6 +136,7 @@ from bench_engine import LLAMA_8B, TINY, make_model  # noqa: E402
 shape = dict(TINY, hidden_size=128, intermediate_size=256) if sys.argv[3] else LLAMA_8B
 make_model(shape, torch.device(sys.argv[2]), Path(sys.argv[1]))
 PY
+fi
 lap make_model
 
 declare -A quant=([bf16]="" [fp8]="--quant fp8 --kv-cache-dtype fp8" [int4_awq]="--quant int4_awq"
@@ -136,22 +150,25 @@ modes=(${MODES:-bf16 fp8 int4_awq})
 for m in "${!modes[@]}"; do
   mode=${modes[$m]} base=${ckpt_of[${modes[$m]}]:-${modes[$m]}}
   start=$SECONDS
-  if [[ ! -d "$work/ckpt-$base" ]]; then
-    # shellcheck disable=SC2086  # the quant flags split into words on purpose
-    ingot convert-checkpoint --model-dir "$work/hf" --output-dir "$work/ckpt-$base" --force \
-      ${quant[$base]} $( [[ -n "${quant[$base]}" ]] && echo "${calib[@]}" )
-  fi
-  lap "convert_$mode"
-  start=$SECONDS
-  # shellcheck disable=SC2086  # BUILD_ARGS: flags split into words on purpose
-  ingot build-engine --checkpoint-dir "$work/ckpt-$base" --output-dir "$work/engine-$mode" \
-    --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
-    --tokens-per-block "${TOKENS_PER_BLOCK:-32}" --force ${BUILD_ARGS:-} ${build_of[$mode]:-}
-  lap "build_$mode"
-  # where the convert's and the build's time went, phase by phase (before both are deleted)
-  mkdir -p "$out/$mode"
-  python3 - "$work/ckpt-$base/config.json" "$work/engine-$mode/config.json" \
-    > "$out/$mode/phases.json" <<'PY'
+  if reused "$mode"; then
+    lap "reused_$mode"
+  else
+    if [[ ! -d "$work/ckpt-$base" ]]; then
+      # shellcheck disable=SC2086  # the quant flags split into words on purpose
+      ingot convert-checkpoint --model-dir "$work/hf" --output-dir "$work/ckpt-$base" --force \
+        ${quant[$base]} $( [[ -n "${quant[$base]}" ]] && echo "${calib[@]}" )
+    fi
+    lap "convert_$mode"
+    start=$SECONDS
+    # shellcheck disable=SC2086  # BUILD_ARGS: flags split into words on purpose
+    ingot build-engine --checkpoint-dir "$work/ckpt-$base" --output-dir "$work/engine-$mode" \
+      --target "$target" --max-batch-size "$batch" --max-seq-len 4096 --max-num-tokens 8192 \
+      --tokens-per-block "${TOKENS_PER_BLOCK:-32}" --force ${BUILD_ARGS:-} ${build_of[$mode]:-}
+    lap "build_$mode"
+    # where the convert's and the build's time went, phase by phase (before both are deleted)
+    mkdir -p "$out/$mode"
+    python3 - "$work/ckpt-$base/config.json" "$work/engine-$mode/config.json" \
+      > "$out/$mode/phases.json" <<'PY'
 import json
 import sys
 
@@ -162,12 +179,13 @@ tactics = {p["name"] + (f"@{p['site']}" if p["site"] else ""): {"tactic": p["tac
 print(json.dumps({"convert": (ckpt.get("quant_report") or {}).get("seconds"),
                   "build": engine["extra"].get("build_seconds"), "tactics": tactics}, indent=2))
 PY
-  # NOTE: a checkpoint goes once no later mode builds from it (disk: 16 GB for BF16)
-  keep=0
-  for later in "${modes[@]:$((m + 1))}"; do
-    [[ "${ckpt_of[$later]:-$later}" == "$base" ]] && keep=1
-  done
-  (( keep )) || rm -rf "$work/ckpt-$base"
+    # NOTE: a checkpoint goes once no later mode builds from it (disk: 16 GB for BF16)
+    keep=0
+    for later in "${modes[@]:$((m + 1))}"; do
+      [[ "${ckpt_of[$later]:-$later}" == "$base" ]] && keep=1
+    done
+    (( keep )) || rm -rf "$work/ckpt-$base"
+  fi
   ingot bench --engine-dir "$work/engine-$mode" latency --input-len 128 --output-len 128 \
     --output-dir "$out/$mode" --force
   if [[ -n "${COMPARE_PIPELINE:-}" ]]; then  # the same point with the executor unpipelined
@@ -215,6 +233,8 @@ PY
       fi
     done
   fi
-  rm -rf "$work/engine-$mode"  # NOTE: 16 GB each on the GPU machine's disk
+  # NOTE: 16 GB each on the GPU machine's disk; KEEP_ENGINES="mode ..." keeps those for a
+  # next call's REUSE_ENGINES
+  [[ " ${KEEP_ENGINES:-} " == *" $mode "* ]] || rm -rf "$work/engine-$mode"
 done
 summarize print
