@@ -219,7 +219,7 @@ def test_throughput_from_dataset(engine, tmp_path):
     assert p["hf"]["hf_wasted_tokens"] == 4
 
 
-def test_user_errors_are_one_line(engine, tmp_path):
+def test_user_errors_are_one_line(engine, tmp_path, tiny_hf_dir):
     cases = [
         ((), "no MODE"),
         (("fastest",), "unknown mode"),
@@ -251,6 +251,13 @@ def test_user_errors_are_one_line(engine, tmp_path):
     r = _bench(gpu, tmp_path / "z", "latency", "--input-len", 8, "--output-len", 4)
     (line,) = r.stderr.strip().splitlines()
     assert r.exit_code == 2 and "built for" in line and "sm_80" in line, r.output
+    # a baseline dir that is not the engine's source model, refused before ingot's own run
+    short = ("latency", "--input-len", 8, "--output-len", 4, "--baseline", "hf", "--hf-model-dir")
+    for hf_dir, needle in ((engine.parent / "ckpt", "names no architecture"),
+                           (tiny_hf_dir("qwen2"), "holds Qwen2ForCausalLM, the engine Llama")):  # fmt: skip
+        r = _bench(engine, tmp_path / "w", *short, hf_dir)
+        (line,) = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and needle in line and "ingot latency" not in r.output, r.output
     (tmp_path / "y").mkdir()
     (tmp_path / "y" / "latency.md").write_text("keep me")
     r = _bench(engine, tmp_path / "y", "latency", "--num-requests", 1)

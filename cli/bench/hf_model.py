@@ -8,6 +8,7 @@ Quantized engines cannot be rebuilt; they need the source model (`--hf-model-dir
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -130,13 +131,38 @@ def model_from_engine(
     return _ready(model)
 
 
+_SOURCE_HINT = "pass the Hugging Face model dir the engine was converted from"
+
+
+def check_hf_dir(hf_dir: Path, m: ModelConfig) -> None:
+    """ConfigError unless --hf-model-dir holds a Hugging Face model of the engine's
+    architecture; checked before ingot's own run (a baseline of another model compares
+    nothing)."""
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--hf-model-dir {hf_dir} has no config.json", _SOURCE_HINT)
+    try:
+        archs = json.loads(path.read_text()).get("architectures") or [None]
+    except (ValueError, AttributeError):
+        raise ConfigError(f"{path} is not a JSON object", _SOURCE_HINT) from None
+    if archs[0] != m.architecture:
+        what = archs[0] or "no Hugging Face model (its config.json names no architecture)"
+        raise ConfigError(
+            f"--hf-model-dir {hf_dir} holds {what}, the engine {m.architecture}", _SOURCE_HINT
+        )
+
+
 def model_from_dir(hf_dir: Path, m: ModelConfig, device: torch.device) -> Any:
     """The source model, loaded by transformers in the engine's dtype."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    if not (Path(hf_dir) / "config.json").is_file():
-        raise ConfigError(f"--hf-model-dir {hf_dir} has no config.json")
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[m.dtype])
+    check_hf_dir(hf_dir, m)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[m.dtype])
+    except (OSError, ValueError, SafetensorError) as e:  # missing or truncated weights, say
+        detail = " ".join(str(e).split())
+        raise ConfigError(f"transformers cannot load --hf-model-dir {hf_dir}: {detail}") from None
     return _ready(model.to(device))
 
 

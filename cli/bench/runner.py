@@ -19,6 +19,7 @@ from ingot.runtime.errors import ConfigError
 from ingot.runtime.memory import kv_bytes_per_token
 from ingot.runtime.version import INGOT_VERSION
 
+from .hf_model import check_hf_dir
 from .ingot_driver import IngotDriver
 from .metrics import compare, summarize
 from .points import Options, Point, build_points
@@ -87,6 +88,8 @@ def run_bench(
     cfg = read_engine_config(Path(engine_dir))
     m, b = cfg.model, cfg.build
     points = build_points(options, m, b, grid)
+    if hf_model_dir is not None:
+        check_hf_dir(hf_model_dir, m)
     device = device or torch.device("cpu" if cfg.target == "cpu" else "cuda")
     check_device(cfg, device)  # before the bandwidth is measured on it
     log(f"measuring {device.type} bandwidth")
