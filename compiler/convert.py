@@ -208,10 +208,9 @@ def _copy_loadable_tokenizer(model_dir: Path, dst: Path) -> None:
     try:
         AutoTokenizer.from_pretrained(str(dst))
     except (OSError, ValueError) as e:
-        detail = " ".join(str(e).split()) or type(e).__name__
         raise CheckpointError(
             f"transformers cannot load a tokenizer from {model_dir} (its tokenizer files: "
-            f"{', '.join(copied) or 'none'}): {detail}",
+            f"{', '.join(copied) or 'none'}): {str(e) or type(e).__name__}",
             hint="put the model's tokenizer files (tokenizer.json, tokenizer_config.json) "
             "in the model dir",
         ) from None

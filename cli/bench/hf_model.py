@@ -153,16 +153,15 @@ def check_hf_dir(hf_dir: Path, m: ModelConfig) -> None:
 
 
 def model_from_dir(hf_dir: Path, m: ModelConfig, device: torch.device) -> Any:
-    """The source model, loaded by transformers in the engine's dtype."""
+    """The source model, loaded by transformers in the engine's dtype (`hf_dir` passed
+    `check_hf_dir` before ingot's run)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    check_hf_dir(hf_dir, m)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[m.dtype])
     except (OSError, ValueError, SafetensorError) as e:  # missing or truncated weights, say
-        detail = " ".join(str(e).split())
-        raise ConfigError(f"transformers cannot load --hf-model-dir {hf_dir}: {detail}") from None
+        raise ConfigError(f"transformers cannot load --hf-model-dir {hf_dir}: {e}") from None
     return _ready(model.to(device))
 
 
