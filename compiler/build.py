@@ -234,6 +234,13 @@ def check_max_kl(report: dict[str, Any] | None, max_kl: float | None) -> None:
 
 
 def check_fits(model: ModelConfig, build: BuildConfig) -> None:
+    # a sequence holds at least one prompt token and one generated token: an engine of
+    # max_seq_len 1 built fine and then refused every prompt at run time
+    if build.max_seq_len < 2:
+        raise ConfigError(
+            f"--max-seq-len {build.max_seq_len} leaves no room for a generated token",
+            "use --max-seq-len 2 or more (prompt + output tokens per sequence)",
+        )
     if build.max_seq_len > model.max_position_embeddings:
         raise ConfigError(
             f"--max-seq-len {build.max_seq_len} exceeds the model's max_position_embeddings "

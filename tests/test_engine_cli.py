@@ -452,6 +452,9 @@ def test_bad_flags(ckpt, engine, tmp_path):
         ),
         "power of two",
     )
+    r = invoke("build-engine", "--checkpoint-dir", ckpt, "--output-dir", out, "--max-seq-len", "1")
+    assert_one_line_error(r, "--max-seq-len 1", "--max-seq-len 2 or more")
+    assert list(tmp_path.iterdir()) == []
     assert_one_line_error(
         invoke(
             "build-engine",
