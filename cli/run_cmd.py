@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ingot.runtime.errors import ConfigError
+from ingot.runtime.user_files import read_user_text
 
 # SamplingParams fields -> the run-engine flags that set them (for error messages)
 _FLAGS = {
@@ -22,9 +23,10 @@ _FLAGS = {
 def _read_prompts(texts: list[str] | None, input_file: Path | None) -> list[str]:
     prompts = list(texts or [])
     if input_file is not None:
-        if not input_file.is_file():
-            raise ConfigError(f"--input-file {input_file} does not exist")
-        prompts += [line for line in input_file.read_text().splitlines() if line.strip()]
+        text = read_user_text(
+            input_file, f"--input-file {input_file}", "pass a UTF-8 text file, one prompt a line"
+        )
+        prompts += [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise ConfigError("no prompt given", "pass --input-text TEXT or --input-file FILE")
     return prompts

@@ -36,6 +36,7 @@ from ingot.runtime.engine import (
 from ingot.runtime.engine_format import write_engine_file
 from ingot.runtime.errors import ConfigError
 from ingot.runtime.timing import Lap
+from ingot.runtime.user_files import read_user_text
 
 from . import fast_accum
 from .atomic import atomic_output_dir, refuse_replacing_input
@@ -82,8 +83,9 @@ def resolve_build_config(
         values["max_seq_len"] = min(default, model.max_position_embeddings)
     if preset:
         path = find_preset(preset)
+        text = read_user_text(path, f"preset {path}", "pass a YAML file of build settings")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"preset {path} is not valid YAML: {e}") from None
         build = data.get("build", data) if isinstance(data, dict) else None

@@ -540,6 +540,19 @@ def test_stop_words_and_input_file(engine, tmp_path):
     assert "[1] Output:" in r.stdout and "[2]" not in r.stdout
 
 
+@pytest.mark.parametrize("kind", ["binary", "dir"])
+def test_bad_input_file_is_one_line(engine, tmp_path, kind):
+    """Bytes that are not UTF-8 were a crash report; a dir was said not to exist."""
+    path = tmp_path / "prompts.txt"
+    if kind == "dir":
+        path.mkdir()
+    else:
+        path.write_bytes(b"a prompt\n\xf7\xff not text\n")
+    r = invoke("run-engine", "--engine-dir", engine, "--input-file", path, "--max-output-len", "2")
+    why = {"binary": "is not UTF-8 text (byte 0xf7 at offset 9)", "dir": "is a directory"}[kind]
+    assert_one_line_error(r, f"--input-file {path} {why}", "UTF-8 text file")
+
+
 def test_out_of_memory_is_one_line(engine, monkeypatch):
     import ingot.runtime.llm as llm_mod
 

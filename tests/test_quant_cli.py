@@ -195,15 +195,18 @@ def test_group_size_mismatch_names_the_layer(tiny_hf_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "dir"])
+@pytest.mark.parametrize("kind", ["missing", "empty", "dir", "binary"])
 def test_bad_calibration_file(hf, tmp_path, kind):
     path = tmp_path / "calib.txt"
     if kind == "empty":
         path.write_text("  \n\n")
     if kind == "dir":
         path.mkdir()
+    if kind == "binary":
+        path.write_bytes(b"\x80abc")
     r = _convert(hf, tmp_path / "o", "--quant", "fp8", "--calib-dataset", path)
-    why = {"missing": "does not exist", "empty": "is empty", "dir": "is a directory"}[kind]
+    why = {"missing": "does not exist", "empty": "is empty", "dir": "is a directory",
+           "binary": "is not UTF-8 text (byte 0x80 at offset 0)"}[kind]  # fmt: skip
     assert_one_line_error(r, str(path), why)
     assert not (tmp_path / "o").exists()
 

@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ingot.runtime.errors import ConfigError
+from ingot.runtime.user_files import read_user_text
+
+_JSONL_HINT = 'write one JSON object a line: {"input_len": N, "output_len": M}'
 
 
 @dataclass(frozen=True)
@@ -110,12 +113,10 @@ def synthetic(
 def from_jsonl(path: Path, vocab_size: int, seed: int, limit: int | None = None) -> Workload:
     """One request per line: {"input_len": N, "output_len": M} (token ids drawn from the seed)
     or {"prompt_ids": [...], "output_len": M}. All requests arrive at time 0."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--dataset {path} does not exist")
+    text = read_user_text(path, f"--dataset {path}", _JSONL_HINT)
     rng = np.random.default_rng(seed)
     items = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -130,7 +131,7 @@ def from_jsonl(path: Path, vocab_size: int, seed: int, limit: int | None = None)
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(
                 f"{path}:{lineno} is not a request ({e!r})",
-                'write one JSON object a line: {"input_len": N, "output_len": M}',
+                _JSONL_HINT,
             ) from None
         if not ids or out <= 0 or any(not 0 <= t < vocab_size for t in ids):
             raise ConfigError(

@@ -22,6 +22,7 @@ import torch
 
 from ingot.runtime.config import QUANT_MODES, ModelConfig, QuantConfig
 from ingot.runtime.errors import ConfigError
+from ingot.runtime.user_files import read_user_text
 
 from .layout import linear_shapes, repack_for_engine
 
@@ -133,18 +134,11 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
 def _check_calib_file(path: Path | None) -> None:
     if path is None:
         return
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"calibration file {path} " + ("is a directory" if path.is_dir() else "does not exist"),
-            "pass a UTF-8 text file to --calib-dataset, or leave it out to use the shipped text",
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(
-            f"cannot read calibration file {path}: {e}", "pass a UTF-8 text file"
-        ) from None
+    text = read_user_text(
+        path,
+        f"calibration file {path}",
+        "pass a UTF-8 text file to --calib-dataset, or leave it out to use the shipped text",
+    )
     if not text.strip():
         raise ConfigError(
             f"calibration file {path} is empty", "pass a text file with representative prose"
