@@ -182,6 +182,20 @@ def test_unknown_quant(hf, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--calib-size", "0"), ("--calib-size must be a positive integer, got 0",)),
+        (("--calib-max-seq-len", "-4"), ("--calib-max-seq-len must be a positive integer",)),
+        # one-token sequences were all dropped, and the line blamed the text for having none
+        (("--calib-max-seq-len", "1"), ("--calib-max-seq-len 1 is too short", "2 or more")),
+    ],
+)
+def test_bad_calibration_sizes(hf, tmp_path, flags, words):
+    assert_one_line_error(_convert(hf, tmp_path / "o", "--quant", "fp8", *flags), *words)
+    assert not (tmp_path / "o").exists()
+
+
 def test_quant_lm_head_needs_a_quant_mode(hf, tmp_path):
     r = _convert(hf, tmp_path / "o", "--quant-lm-head", *CALIB)
     assert_one_line_error(r, "--quant-lm-head needs --quant fp8 or int4_awq", "--quant none")

@@ -103,6 +103,12 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
     ):
         if v <= 0:
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
+    if opts.calib_max_seq_len < 2:  # one token has no next token to calibrate or score on
+        raise ConfigError(
+            f"--calib-max-seq-len {opts.calib_max_seq_len} is too short: a calibration "
+            "sequence needs at least 2 tokens",
+            "use --calib-max-seq-len 2 or more (default 512)",
+        )
     if opts.mode == "int4_awq":
         for name, (_, k) in linear_shapes(cfg).items():
             if k % opts.group_size:
@@ -171,7 +177,8 @@ def quantize_checkpoint(
     samples = calibrate.token_windows(tokenizer, text, opts.calib_size, opts.calib_max_seq_len)
     if not samples:
         raise ConfigError(
-            f"the calibration text gives no tokens ({opts.calib_dataset or DEFAULT_CALIB_TEXT})",
+            "the calibration text gives no sequence of 2 or more tokens "
+            f"({opts.calib_dataset or DEFAULT_CALIB_TEXT})",
             "pass a text file with representative prose",
         )
     held_out = report.held_out_windows(tokenizer, calibrate.held_out_text())
