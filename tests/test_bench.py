@@ -229,6 +229,9 @@ def test_user_errors_are_one_line(engine, tmp_path, tiny_hf_dir):
         (("latency", "--baseline", "vllm"), "--baseline"),
         (("latency", "--grid", "standard"), "not both"),
         (("latency", "--grid", "huge"), "not both"),
+        (("latency", "--input-len", 0, "--output-len", 4), "--input-len must be > 0, got 0"),
+        (("throughput", "--output-len", -2), "--output-len must be > 0, got -2"),
+        (("throughput", "--dataset", tmp_path), "is a directory"),
     ]
     for args, needle in cases:
         r = _bench(engine, tmp_path / "x", *args)
