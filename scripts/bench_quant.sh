@@ -35,15 +35,19 @@ out=${1:?usage: bash scripts/bench_quant.sh OUT_DIR [--tiny]}
 tiny=${2:-}
 work=${WORK:-/tmp/ingot-quant}
 mkdir -p "$out" "$work"
-device=cuda target=auto batch=${BATCH:-512}  # BATCH: the engines' --max-batch-size
+# BATCH: the engines' --max-batch-size. 1,024: on one H100 FP8 engine at 128/128 and 8,192
+# requests, 30,609 output tok/s against 29,446 at batch 512 (docs/performance.md, 2026-12-07);
+# the 2,048-token points hold fewer requests than either, so only 128/128 changes
+device=cuda target=auto batch=${BATCH:-1024}
 # NOTE: TensorRT-LLM's published offline figures use 30,000 requests at 128/128, 3,000 at
 # 2048/128 and 1,500 at 2048/2048 (docs/source/performance/perf-overview.md), so that the batch
 # stays full; these defaults are what one 10-minute device call holds (at least the engine's
-# max batch of 512 at the shorter points), so the ramp-up and the drain weigh more here.
+# max batch at 128/128: 8,192 requests, 8 waves of 1,024), so the ramp-up and the drain weigh
+# more here.
 # 2048/2048: at most as many requests as the FP8 pool holds at once (59,785 blocks of 32 tokens
 # on the H200 = 467 sequences of 4,096 tokens), so that every request decodes in one batch
 # rather than a few dozen decoding alone after the others finish.
-requests_128=${REQUESTS_128:-4096} requests_2048=${REQUESTS_2048:-512}
+requests_128=${REQUESTS_128:-8192} requests_2048=${REQUESTS_2048:-512}
 requests_long=${REQUESTS_LONG:-448}
 # NOTE: a speed benchmark of random weights: the calibration size changes no speed figure,
 # only the convert time (FP8 at 32 x 512 tokens: 140 s, against 45 s for BF16's convert)
