@@ -137,6 +137,8 @@ def bench_cmd(
             f"unknown --scheduler-policy {policy!r}", "use guaranteed_no_evict or max_utilization"
         )
     for flag, v in (
+        ("--input-len", input_len),
+        ("--output-len", output_len),
         ("--num-requests", num_requests),
         ("--hf-num-requests", hf_num_requests),
         ("--hf-max-output-len", hf_max_output_len),

@@ -92,13 +92,11 @@ def synthetic(
 ) -> Workload:
     """Fixed lengths, uniform random token ids; the first `shared_prefix_len` ids are common
     to every prompt (exercises prefix reuse). All requests arrive at time 0."""
-    for flag, v in (
-        ("--num-requests", num_requests),
-        ("--input-len", input_len),
-        ("--output-len", output_len),
-    ):
-        if v <= 0:
-            raise ConfigError(f"{flag} must be > 0, got {v}")
+    if num_requests <= 0 or input_len <= 0 or output_len <= 0:
+        raise ConfigError(
+            f"workload needs positive sizes, got {num_requests} requests of "
+            f"{input_len} in / {output_len} out"
+        )
     if not 0 <= shared_prefix_len <= input_len:
         raise ConfigError(
             f"--shared-prefix-len {shared_prefix_len} must be between 0 and --input-len {input_len}"
