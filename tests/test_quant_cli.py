@@ -11,6 +11,7 @@ from cli_checks import assert_one_line_error, invoke
 from safetensors.torch import load_file
 
 from ingot.plugins.quant.reference import pack_w4_engine, unpack_int4
+from ingot.runtime.errors import ConfigError
 
 pytest.importorskip("modelopt.torch.quantization")
 
@@ -236,3 +237,16 @@ def test_fp8_on_a_gpu_without_fp8(hf, tmp_path, monkeypatch, capability, quant):
     needles = (what, "8.9", "int4_awq", "none", "sm_86" if capability else "no CUDA GPU")
     assert_one_line_error(r, *needles)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b" \n"])
+def test_calibration_text_rechecks_a_file_changed_after_validation(tmp_path, bad):
+    # validate() read the file; calibration reads it again later, after the model loads
+    from ingot.compiler.quantize import calibrate
+
+    path = tmp_path / "calib.txt"
+    path.write_text("fine prose\n")
+    assert calibrate.calibration_text(path) == "fine prose\n"
+    path.write_bytes(bad)
+    with pytest.raises(ConfigError, match="calibration file .*(not UTF-8|is empty)"):
+        calibrate.calibration_text(path)

@@ -117,7 +117,8 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
                     f"INT4 AWQ group size {opts.group_size}",
                     "use --quant fp8 or --quant none for this model",
                 )
-    _check_calib_file(opts.calib_dataset)
+    if opts.calib_dataset is not None:
+        calib_file_text(opts.calib_dataset)  # fails before the model loads
     device = resolve_device(opts.device)
     cap = cuda_capability()
     fp8 = opts.mode == "fp8" or opts.lm_head
@@ -137,9 +138,8 @@ def check_request(cfg: ModelConfig, opts: QuantOptions) -> None:
         )
 
 
-def _check_calib_file(path: Path | None) -> None:
-    if path is None:
-        return
+def calib_file_text(path: Path) -> str:
+    """A --calib-dataset file's text; missing, unreadable, non-UTF-8 or blank: ConfigError."""
     text = read_user_text(
         path,
         f"calibration file {path}",
@@ -149,6 +149,7 @@ def _check_calib_file(path: Path | None) -> None:
         raise ConfigError(
             f"calibration file {path} is empty", "pass a text file with representative prose"
         )
+    return text
 
 
 def quantize_checkpoint(

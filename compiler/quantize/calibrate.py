@@ -20,7 +20,7 @@ import torch
 from ingot.runtime.config import ModelConfig
 from ingot.runtime.errors import ConfigError
 
-from . import DEFAULT_CALIB_TEXT, QuantOptions
+from . import DEFAULT_CALIB_TEXT, QuantOptions, calib_file_text
 
 Progress = Callable[[str, int, int], None]
 CALIB_FRACTION = 0.75  # the shipped text: calibration reads the head, the report the tail
@@ -34,7 +34,8 @@ def _split_shipped() -> tuple[str, str]:
 
 
 def calibration_text(path: Path | None) -> str:
-    return Path(path).read_text(encoding="utf-8") if path else _split_shipped()[0]
+    # read again through the checked reader: a file changed since validation is one clear line
+    return calib_file_text(Path(path)) if path else _split_shipped()[0]
 
 
 def held_out_text() -> str:
