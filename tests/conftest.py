@@ -46,6 +46,17 @@ def hf_copy(tmp_path: Path, tiny_hf_dir: Callable[..., Path]) -> Callable[..., P
     return copy
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """INGOT_TEST_SHARD="i/n": keep every n-th collected test from the i-th (interp_rerun's
+    shards of a long interpreter module; round robin spreads a slow function's cases)."""
+    shard = os.environ.get("INGOT_TEST_SHARD")
+    if not shard:
+        return
+    i, n = (int(v) for v in shard.split("/"))
+    config.hook.pytest_deselected(items=[t for k, t in enumerate(items) if k % n != i])
+    items[:] = items[i::n]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """INGOT_FAILURE_LOG=FILE: append each failure's report as it happens (with xdist, in the
     controller). The GPU round runs under a time limit that can cut pytest off before its

@@ -10,16 +10,22 @@ import sys
 import pytest
 
 
-def rerun_with_interpreter(module_file: str) -> None:
-    """Run `module_file`'s tests under TRITON_INTERPRET=1; fail with their output if any fails."""
+def rerun_with_interpreter(module_file: str, shard: str | None = None) -> None:
+    """Run `module_file`'s tests under TRITON_INTERPRET=1; fail with their output if any fails.
+
+    shard "i/n": only every n-th of its tests from the i-th (conftest's INGOT_TEST_SHARD), so
+    that a long module runs as n tests that xdist's workers share."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("INGOT_TEST_SHARD", None)
+    if shard:
+        env["INGOT_TEST_SHARD"] = shard
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", module_file],
         env=env,
         capture_output=True,
         text=True,
-        # test_quant_kernels_interp.py alone took 501 s on the CI machine kind (2026-12-05)
+        # test_quant_kernels_interp.py took 501-822 s unsharded on the CI machine kind
         timeout=1500,
     )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
