@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interp_rerun import interpreter_env
 
 MODULE = str(Path(__file__).parent / "test_quant_kernels_interp.py")
 
 
 def _collected(shard: str | None) -> list[str]:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("INGOT_TEST_SHARD", None)
-    if shard:
-        env["INGOT_TEST_SHARD"] = shard
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", MODULE],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=interpreter_env(shard), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return [line for line in r.stdout.splitlines() if "::" in line]
