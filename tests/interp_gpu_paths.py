@@ -153,13 +153,18 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     # the same weights, bound to the GPU plugins (default tactics) instead of the references
     unused = unused_plugins(cpu.config.quant.mode, cpu.config.quant.lm_head)
     choices = tuple(c for c in default_choices("sm_90", m) if c.name not in unused)
-    if fold and quant == "fp8":  # the SwiGLU down defaults to unfused: a fused GEMV folds
+    if quant == "fp8":
+        # the widest FP8 GEMV (a program per BLOCK_N weight rows: the default n2 one's programs
+        # took ~90% of a batch-1 step's time under the interpreter, 4x those of this n8 one);
+        # folded, the SwiGLU down takes it too (its default is unfused: a fused GEMV folds)
         from ingot.plugins.quant.cuda_fp8 import FP8_GEMM_TACTICS
 
-        gemv = next(t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m"))
+        gemvs = [t for t in FP8_GEMM_TACTICS if t.as_dict().get("max_m")]
+        gemv = max(gemvs, key=lambda t: t.as_dict()["block_n"])
+        names = ("fp8_gemm", "fp8_swiglu_gemm") if fold else ("fp8_gemm",)
         choices = tuple(
             dataclasses.replace(c, tactic=gemv.name, params=gemv.as_dict())
-            if c.name in ("fp8_gemm", "fp8_swiglu_gemm") else c
+            if c.name in names else c
             for c in choices
         )  # fmt: skip
     gpu_cfg = dataclasses.replace(
@@ -222,9 +227,12 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
         steps.append((plan.num_prefill, plan.num_seqs)) or pg_run(plan, *a)
     )
     batched = [r.output_ids for r in ex.generate(prompts, params)]
-    alone = [ex.generate([p], params)[0].output_ids for p in prompts[:3]]
+    # one prompt alone (the short tier, a tier-1 prefill graph): the 17-token one, whose
+    # prompt spans two blocks and takes the 32-token bucket. (Three alone were half of the
+    # slowest case's time under the interpreter: ~114 s each on the CI machine kind.)
+    alone = ex.generate([prompts[2]], params)[0].output_ids
     assert batched == ref, (batched, ref)
-    assert alone == ref[:3], (alone, ref[:3])
+    assert alone == ref[2], (alone, ref[2])
     assert used["decode"] > 0 and used["prefill"] >= 3, used
     assert tiers["short"] > 0 and tiers["main"] > 0, tiers
     assert any(p > 1 for p, _ in steps) and any(p < n for p, n in steps), steps
