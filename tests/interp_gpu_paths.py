@@ -229,7 +229,8 @@ def main(family: str, quant: str = "none", fold: str = "") -> None:
     batched = [r.output_ids for r in ex.generate(prompts, params)]
     # one prompt alone (the short tier, a tier-1 prefill graph): the 17-token one, whose
     # prompt spans two blocks and takes the 32-token bucket. (Three alone were half of the
-    # slowest case's time under the interpreter: ~114 s each on the CI machine kind.)
+    # slowest case's time under the interpreter: ~114 s each on the CI machine kind, with
+    # another process beside it.)
     alone = ex.generate([prompts[2]], params)[0].output_ids
     assert batched == ref, (batched, ref)
     assert alone == ref[2], (alone, ref[2])

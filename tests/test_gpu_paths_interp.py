@@ -3,12 +3,12 @@ through Triton's interpreter, against the CPU reference engine. Runs in CI (no G
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interp_rerun import interpreter_env
 
 pytest.importorskip("triton", reason="the GPU plugins are Triton kernels")
 
@@ -29,10 +29,9 @@ def test_gpu_code_paths_match_the_cpu_engine(family, quant, fold):
     if quant != "none":
         pytest.importorskip("modelopt.torch.quantization")
     script = Path(__file__).with_name("interp_gpu_paths.py")
-    env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run(
         [sys.executable, str(script), family, quant, fold],
-        env=env,
+        env=interpreter_env(),
         capture_output=True,
         text=True,
         timeout=600,
