@@ -99,27 +99,27 @@ def check_folded_norms(family: str, root: Path) -> None:
     folded_rows = dec.fold_rows
     # a decode step: one query at position ctx - 1, its keys over three blocks. (One context:
     # the fold changes the GEMVs, not attention; each context took two interpreter forwards.)
-    for ctx in (33,):
-        meta = AttnMetadata(torch.tensor([ctx - 1], **i32), torch.arange(4, **i32)[None],
-                            torch.tensor([ctx], **i32), torch.tensor([0, 1], **i32), 64, 1,
-                            num_decodes=1)  # fmt: skip
-        ids, pos = torch.tensor([ctx % m.vocab_size], **i32), torch.tensor([ctx - 1], **i32)
-        out, made = {}, []
-        for rows in (folded_rows, 0):
-            dec.fold_rows = rows
-            cache = KVCache(m, 8, 16, torch.float16, torch.device("cpu"))
-            cache.data.copy_(kv.data)
-            try:
-                model_mod.new_sums = functools.partial(_kept, made, new_sums)
-                out[rows] = (dec.forward(ids, pos, meta, cache), cache.data)
-            finally:
-                model_mod.new_sums = new_sums
-        # the folded pass ran: every o and down GEMV of the first L - 1 layers added its sums
-        assert len(made) == 1 and made[0].shape == (2 * (m.num_layers - 1), 2, 1)
-        assert (made[0][:, 0] > 0).all()
-        (h1, c1), (h0, c0) = out[folded_rows], out[0]
-        assert rel_err(h1, h0) < 2e-2, rel_err(h1, h0)
-        assert rel_err(c1, c0) < 1e-2
+    ctx = 33
+    meta = AttnMetadata(torch.tensor([ctx - 1], **i32), torch.arange(4, **i32)[None],
+                        torch.tensor([ctx], **i32), torch.tensor([0, 1], **i32), 64, 1,
+                        num_decodes=1)  # fmt: skip
+    ids, pos = torch.tensor([ctx % m.vocab_size], **i32), torch.tensor([ctx - 1], **i32)
+    out, made = {}, []
+    for rows in (folded_rows, 0):
+        dec.fold_rows = rows
+        cache = KVCache(m, 8, 16, torch.float16, torch.device("cpu"))
+        cache.data.copy_(kv.data)
+        try:
+            model_mod.new_sums = functools.partial(_kept, made, new_sums)
+            out[rows] = (dec.forward(ids, pos, meta, cache), cache.data)
+        finally:
+            model_mod.new_sums = new_sums
+    # the folded pass ran: every o and down GEMV of the first L - 1 layers added its sums
+    assert len(made) == 1 and made[0].shape == (2 * (m.num_layers - 1), 2, 1)
+    assert (made[0][:, 0] > 0).all()
+    (h1, c1), (h0, c0) = out[folded_rows], out[0]
+    assert rel_err(h1, h0) < 2e-2, rel_err(h1, h0)
+    assert rel_err(c1, c0) < 1e-2
     dec.fold_rows = folded_rows
 
 
