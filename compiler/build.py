@@ -13,6 +13,7 @@ import hashlib
 import shutil
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +35,7 @@ from ingot.runtime.engine import (
     write_engine_config,
 )
 from ingot.runtime.engine_format import write_engine_file
-from ingot.runtime.errors import ConfigError
+from ingot.runtime.errors import ConfigError, IngotWarning
 from ingot.runtime.timing import Lap
 from ingot.runtime.user_files import read_user_text
 
@@ -252,6 +253,19 @@ def check_fits(model: ModelConfig, build: BuildConfig) -> None:
     bs = build.tokens_per_block
     if bs & (bs - 1):
         raise ConfigError(f"--tokens-per-block must be a power of two, got {bs}")
+    # a block holds one sequence's tokens: past the smallest power of two that holds a whole
+    # sequence, every sequence's one block is partly empty and the pool holds fewer sequences
+    fit = 1 << (build.max_seq_len - 1).bit_length()
+    if bs > fit:
+        warnings.warn(
+            IngotWarning(
+                f"--tokens-per-block {bs} is larger than a whole sequence (--max-seq-len "
+                f"{build.max_seq_len}): each sequence's one block leaves at least "
+                f"{bs - build.max_seq_len} tokens unused, so the KV cache holds fewer "
+                f"sequences (--tokens-per-block {fit} holds a whole sequence too)"
+            ),
+            stacklevel=2,
+        )
 
 
 def rope_tables(model: ModelConfig, max_seq_len: int) -> dict[str, torch.Tensor]:

@@ -427,6 +427,23 @@ def test_outputs_cut_by_max_seq_len_get_a_note(engine):
     assert r.exit_code == 0 and "note:" not in r.stderr
 
 
+def test_block_larger_than_a_sequence_builds_with_one_warning_line(ckpt, tmp_path):
+    """A block past the smallest power of two that holds --max-seq-len wastes KV memory on
+    every sequence: the build goes on, with one `warning:` line naming the block that fits."""
+    flags = ("build-engine", "--checkpoint-dir", ckpt, "--target", "cpu", "--max-seq-len", "24")
+    r = invoke(*flags, "--output-dir", tmp_path / "e64", "--tokens-per-block", "64")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1, r.stderr
+    assert "--tokens-per-block 64 is larger than a whole sequence (--max-seq-len 24)" in warned[0]
+    assert "at least 40 tokens unused" in warned[0] and "--tokens-per-block 32 holds" in warned[0]
+    assert (tmp_path / "e64" / "config.json").is_file()
+    # the smallest block that holds a sequence, and any smaller one: no warning
+    for bs in ("32", "16"):
+        r = invoke(*flags, "--output-dir", tmp_path / f"e{bs}", "--tokens-per-block", bs)
+        assert r.exit_code == 0 and "warning:" not in r.stderr, r.output
+
+
 def test_bad_flags(ckpt, engine, tmp_path):
     out = tmp_path / "e"
     assert_one_line_error(
