@@ -249,6 +249,7 @@ class Executor:
     ) -> Launched:
         """Start a planned step on the device (and its tokens' copy to the host). prev/src: a
         chained step: the input token of its i-th decode is prev[src[i]] on the device."""
+        self._stamp_first_launch(plan)
         rows = np.nonzero(np.asarray(plan.samples))[0]
         seq_ids = np.asarray(plan.seq_ids)[rows]
         reqs = [self.requests.get(i) for i in seq_ids.tolist()]
@@ -284,6 +285,18 @@ class Executor:
         )
         self._readback.start(step)
         return step
+
+    def _stamp_first_launch(self, plan) -> None:
+        """Stamp the requests whose prompt starts in this step (its prefill entries come
+        first; a preempted request's recompute keeps its first stamp)."""
+        if not plan.num_prefill:
+            return
+        now, seq_ids = time.perf_counter(), plan.seq_ids
+        computed = np.asarray(plan.num_computed)[: plan.num_prefill]
+        for b in np.flatnonzero(computed == 0).tolist():
+            req = self.requests.get(int(seq_ids[b]))
+            if req is not None and req.first_launch is None:
+                req.first_launch = now
 
     def _speculable(self, step: Launched) -> bool:
         """Whether the scheduler may take this step's tokens before they are known: every

@@ -55,6 +55,9 @@ class Request:
     finish_reason: FinishReason = FinishReason.NONE
     error: str | None = None
     prompt_logits: list = field(default_factory=list)  # [n_i, V] chunks when asked for
+    # time.perf_counter() when its prompt's first chunk was launched: the end of its wait in
+    # the queue (benchmarks split time to first token into the two)
+    first_launch: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -86,6 +86,13 @@ def _check_figures(m: dict, point: dict, system: str) -> None:
     for key in ("ttft_ms", "itl_ms", "e2e_latency_ms", "decode_tok_s_per_request"):
         _check_dist(m[key])
     assert m["ttft_ms"]["max"] <= m["e2e_latency_ms"]["max"]
+    if system == "ingot":
+        # each request's queue wait ends before its first token: so does every percentile
+        q, t = m["queue_ms"], m["ttft_ms"]
+        _check_dist(q)
+        assert q["p50"] >= 0 and all(q[k] <= t[k] for k in ("mean", "p50", "p90", "p99", "max"))
+    else:
+        assert m["queue_ms"] is None  # the baseline does not say when a request started
     dec = m["decode"]
     assert dec["steps"] > 0 and dec["tokens"] >= dec["steps"]
     assert _close(dec["tok_s"], dec["tokens"] / dec["seconds"])

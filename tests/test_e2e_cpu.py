@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,38 @@ def test_prompt_longer_than_max_seq_len_fails_alone(built):
     ex.run_until_done()
     assert bad.finish_reason == FinishReason.REJECTED and "256" in bad.error
     assert len(ok1.output_ids) == 4 and len(ok2.output_ids) == 4
+
+
+@pytest.mark.parametrize("pool", ["roomy", "preempting"])
+def test_first_launch_marks_the_end_of_each_requests_queue_wait(built, pool):
+    """Request.first_launch (what `ingot bench` reports as queue_ms) is stamped when the
+    request's prompt starts, before its first token; requests past the batch's 8 slots wait
+    for a slot; a preempted request's recompute keeps its first stamp."""
+    _, engine = built("llama", "float32")
+    kw = {"num_kv_blocks": 14, "policy": "max_utilization"} if pool == "preempting" else {}
+    eng = load_engine(engine)
+    ex = Executor(eng, **kw)
+    vocab = eng.config.model.vocab_size
+    g = torch.Generator().manual_seed(4)
+    n = 12 if pool == "roomy" else 6
+    prompts = [torch.randint(0, vocab, (20,), generator=g).tolist() for _ in range(n)]
+    params = SamplingParams(max_new_tokens=8 if pool == "roomy" else 16, ignore_eos=True)
+    reqs = [ex.add_request(p, params) for p in prompts]
+    assert all(r.first_launch is None for r in reqs)
+    first_token: dict[int, float] = {}
+    stamps: dict[int, float] = {}
+
+    def on_token(req, _tok):
+        first_token.setdefault(req.request_id, time.perf_counter())
+        stamps.setdefault(req.request_id, req.first_launch)
+
+    ex.run_until_done(on_token)
+    for r in reqs:
+        assert r.first_launch is not None and r.first_launch <= first_token[r.request_id]
+        assert r.first_launch == stamps[r.request_id]  # not stamped again after its first token
+    if pool == "roomy":
+        # 8 slots: the last four start only after one of the first eight has finished
+        first_done = min(first_token[r.request_id] for r in reqs[:8])
+        assert all(r.first_launch > first_done for r in reqs[8:])
+    else:
+        assert ex.scheduler.stats()["num_preemptions"] > 0

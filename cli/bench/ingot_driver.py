@@ -84,6 +84,7 @@ class IngotDriver:
         ]
         order = deque(sorted(range(len(w)), key=lambda i: w.arrivals[i]))
         index: dict[int, int] = {}
+        added: list[tuple[int, Request]] = []  # (workload index, request): for its queue time
         steps: list[DecodeStep] = []
         mix = StepMix()
         used, util = [], []
@@ -109,6 +110,7 @@ class IngotDriver:
                 if req.finished:
                     raise ConfigError(f"the engine refused a benchmark request: {req.error}")
                 index[req.request_id] = i
+                added.append((i, req))
                 in_flight += 1
                 if max_concurrency is not None:  # closed loop: latency counts from submission
                     traces[i].arrival = max(traces[i].arrival, time.perf_counter() - t0)
@@ -132,6 +134,9 @@ class IngotDriver:
             for req in done:
                 traces[index[req.request_id]].generated = len(req.output_ids)
             in_flight -= len(done)
+        for i, req in added:
+            if req.first_launch is not None:
+                traces[i].started = req.first_launch - t0
         after = ex.scheduler.stats()
         hit = after["prefix_hit_blocks"] - before["prefix_hit_blocks"]
         miss = after["prefix_miss_blocks"] - before["prefix_miss_blocks"]

@@ -26,6 +26,9 @@ class Trace:
     output_len: int
     token_times: list[float] = field(default_factory=list)
     generated: int = 0  # tokens the system reports for this request when it finished
+    # when its prompt's first chunk was launched (ingot; None for the baseline): the time
+    # to first token minus this wait in the queue is the request's own prefill
+    started: float | None = None
 
 
 class StepMix:
@@ -164,6 +167,7 @@ def summarize(run: RunResult, roofline: Roofline) -> dict:
     out_tokens = sum(len(t.token_times) for t in tr)
     in_tokens = sum(t.input_len for t in tr)
     ttft = [t.token_times[0] - t.arrival for t in tr if t.token_times]
+    queue = [t.started - t.arrival for t in tr if t.started is not None]
     itl = [b - a for t in tr for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
     e2e = [t.token_times[-1] - t.arrival for t in tr if t.token_times]
     per_req_decode = [
@@ -183,6 +187,9 @@ def summarize(run: RunResult, roofline: Roofline) -> dict:
         "output_tok_s": rate(out_tokens),
         "total_tok_s": rate(in_tokens + out_tokens),
         "ttft_ms": dist(ttft, 1e3),
+        # arrival to the launch of its first prompt chunk: at a throughput point every request
+        # arrives at once, so most of its time to first token is this wait
+        "queue_ms": dist(queue, 1e3),
         "itl_ms": dist(itl, 1e3),
         "e2e_latency_ms": dist(e2e, 1e3),
         # per request (tokens after the first) / (time from first to last token)

@@ -7,6 +7,7 @@ results: one per point {name, mode, batch_size, max_concurrency, request_rate, w
 hf_num_requests, ingot: figures, hf: figures or null, vs_hf: ratios or null}. Figures
 (metrics.summarize): num_requests, input/output token counts, elapsed_s, requests_per_s,
 output_tok_s, total_tok_s, ttft_ms / itl_ms / e2e_latency_ms {mean, p50, p90, p99, max},
+queue_ms (same; arrival to the launch of the request's first prompt chunk: ingot only),
 decode_tok_s_per_request, decode {tok_s, roofline_tok_s, fraction_of_roofline, ...}, memory,
 kv_cache, prefix_cache.
 """
