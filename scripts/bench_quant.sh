@@ -95,6 +95,9 @@ for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq
             # where the run's time went: decode-only / prefill-only / mixed steps
             row[p.parent.name + tag + "_step_mix"] = res.get("step_mix")
             row[p.parent.name + tag + "_decode_tok_s"] = (res.get("decode") or {}).get("tok_s")
+            # time to first token and the queue wait inside it (all requests arrive at once)
+            row[p.parent.name + tag + "_ttft_queue_p50_ms"] = [
+                (res.get(k) or {}).get("p50") for k in ("ttft_ms", "queue_ms")]
             # the caching allocator's device-wide waits (retries) and cudaMalloc/cudaFree calls
             row[p.parent.name + tag + "_allocator"] = res.get("allocator")
     sweep = out / f"{mode}_sweep" / "throughput.json"
@@ -105,6 +108,7 @@ for mode in ("bf16", "fp8", "fp8_fa", "fp8_lm_head", "fp8_lm_head_fa", "int4_awq
                 "output_tok_s": r["ingot"]["output_tok_s"],
                 "itl_p50_ms": r["ingot"]["itl_ms"]["p50"],
                 "ttft_p50_ms": r["ingot"]["ttft_ms"]["p50"],
+                "queue_p50_ms": (r["ingot"].get("queue_ms") or {}).get("p50"),
             }
             for r in json.loads(sweep.read_text())["results"]
         }
