@@ -146,6 +146,14 @@ def _load(out: Path, stem: str) -> dict:
     md = (out / f"{stem}.md").read_text()
     for p in doc["results"]:
         assert p["name"] in md
+    # the table: every row (ingot, hf, the ratios) has a cell under each column
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert "| queue p50 / p99 ms |" in table[0]
+    assert len({line.count(" | ") for line in table}) == 1, table
+    for p in doc["results"]:  # ingot's queue cell: its p50 / p99
+        row = next(line for line in table if line.startswith(f"| {p['name']} | ingot |"))
+        q = p["ingot"]["queue_ms"]
+        assert f"| {q['p50']:.1f} / {q['p99']:.1f} |" in row, row
     return doc
 
 

@@ -78,6 +78,7 @@ COLUMNS = (
     "total tok/s",
     "req/s",
     "TTFT p50 / p99 ms",
+    "queue p50 / p99 ms",
     "ITL p50 / p99 ms",
     "decode tok/s",
     "of roofline",
@@ -101,6 +102,7 @@ def _row(point: dict, system: str, m: dict) -> list[str]:
         _f(m["total_tok_s"]),
         _f(m["requests_per_s"], "{:.2f}"),
         _pq(m, "ttft_ms"),
+        _pq(m, "queue_ms"),
         _pq(m, "itl_ms"),
         _f(dec.get("tok_s")),
         _f(None if frac is None else 100 * frac, "{:.0f}%"),
@@ -117,7 +119,7 @@ def _ratio_row(point: dict, r: dict) -> list[str]:
         ran += f", ≤ {point['hf_max_output_len']} out"
     row = ["", "ingot vs hf", ran, ""]
     row += [x("output_tok_s_ratio"), x("total_tok_s_ratio"), x("requests_per_s_ratio")]
-    row += [f"{x('ttft_p50_speedup')} / {x('ttft_p99_speedup')}"]
+    row += [f"{x('ttft_p50_speedup')} / {x('ttft_p99_speedup')}", ""]
     row += [f"{x('itl_p50_speedup')} / {x('itl_p99_speedup')}"]
     return row + [x("decode_tok_s_per_request_ratio"), "", "", "", ""]
 
