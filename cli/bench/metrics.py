@@ -188,7 +188,7 @@ def summarize(run: RunResult, roofline: Roofline) -> dict:
         "total_tok_s": rate(in_tokens + out_tokens),
         "ttft_ms": dist(ttft, 1e3),
         # arrival to the launch of its first prompt chunk: at a throughput point every request
-        # arrives at once, so most of its time to first token is this wait
+        # arrives at once, so those past the first steps' batch wait here
         "queue_ms": dist(queue, 1e3),
         "itl_ms": dist(itl, 1e3),
         "e2e_latency_ms": dist(e2e, 1e3),
