@@ -173,11 +173,16 @@ def select_plugins(
         )
     else:
         choices = [c for c in default_choices(target, model) if c.name not in unused]
-    if not build.fp8_fast_accum:
+    # cuBLASLt's FP8 GEMMs timed on this GPU where the other tactics were (padded rows, and
+    # fast accumulation with the flag), else the flag's fixed floor
+    if not timed and not build.fp8_fast_accum:
         return tuple(choices)
-    # timed on this GPU where the other tactics were, else the plugin's fixed floor
     time_fn = fast_accum.gpu_time_fn() if timed else None
-    return tuple(fast_accum.with_fp8_fast_accum(choices, model, build, time_fn, progress))
+    return tuple(
+        fast_accum.with_cublaslt_choices(
+            choices, model, build, time_fn, progress, fast_accum=build.fp8_fast_accum
+        )
+    )
 
 
 def check_fp8_fast_accum(build: BuildConfig, quant: QuantConfig) -> None:

@@ -1,16 +1,23 @@
-"""build-engine --fp8-fast-accum: where cuBLASLt's fast-accumulation mode is faster, per GEMM.
+"""cuBLASLt's FP8 GEMMs, per GEMM and row count: fast accumulation (build-engine
+--fp8-fast-accum) and padded rows, where a build on the target GPU timed them faster.
 
 Fast accumulation (`torch._scaled_mm(use_fast_accum=True)`) is not faster at every size: on the
 H100 it took 10% off Llama-3.1-8B's layer GEMMs at 8,192 rows and 6.4% at 512, but cuBLASLt's
 pick for gate_up at 448 rows ran 34% slower (docs/performance.md, 2026-12-06); the H200 build
 of 2026-12-06 timed gate_up 43% slower with it at 448 rows and 10% faster at 512. So a build on
 the target GPU times both modes per GEMM at the row counts the engine runs (its decode graph
-buckets and powers of two from FAST_ACCUM_TIMED_FROM rows up to max_num_tokens), each size in
-two rounds of opposite order, and runs fast accumulation on the rows each timed size stands for
-(those above the next smaller timed size, up to it) where it was faster by FAST_ACCUM_MARGIN:
-`fast_accum_rows` ("lo-hi" ranges, `cuda_fp8.fast_accum_ranges`). A GEMM where it never won
-keeps full promotion. A cross-build (no GPU) records the plugin's fixed floor
-(`cuda_fp8.FAST_ACCUM_MIN_ROWS`).
+buckets and powers of two from FAST_ACCUM_TIMED_FROM rows up to max_num_tokens, and those
+rounded up to `row_room.PAD_ROWS_TO`), each size in two rounds of opposite order, and runs fast
+accumulation on the rows each timed size stands for (those above the next smaller timed size,
+up to it) where it was faster by FAST_ACCUM_MARGIN: `fast_accum_rows` ("lo-hi" ranges,
+`row_room.row_ranges`). A GEMM where it never won keeps full promotion. A cross-build
+(no GPU) records the plugin's fixed floor (`cuda_fp8.FAST_ACCUM_MIN_ROWS`).
+
+The same timings choose `pad_rows`: cuBLASLt's pick at some row counts is slower than at more
+rows (gate_up at 448 rows: 101.9 us against 82.0 at 512 on the H200, 120.8 against 85.2 on the
+H100), so a size that is not a multiple of PAD_ROWS_TO runs padded up to one where that size,
+in the mode it runs, was faster by the margin (`pad_rows_from`). Every FP8 engine built on a GPU
+gets these; fast accumulation only with the flag.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from ingot.plugins.quant.row_room import in_ranges, padded_rows, row_ranges
 from ingot.runtime.config import BuildConfig, ModelConfig
 from ingot.runtime.engine import PluginChoice
 
@@ -38,26 +46,26 @@ TimeFn = Callable[[int, int, int], tuple[float, float]]
 def timed_rows(build: BuildConfig, site: str) -> list[int]:
     """The row counts at which the build times both modes of the GEMM at `site`: the decode
     graph buckets, and powers of two up to max_num_tokens and itself (prefill chunks and mixed
-    steps) except for the lm_head (it runs only the sampling rows, at most one a sequence)."""
+    steps) except for the lm_head (it runs only the sampling rows, at most one a sequence);
+    each also rounded up to a multiple of PAD_ROWS_TO."""
     from ingot.runtime.cuda_graphs import batch_buckets
 
     rows = batch_buckets(build.max_batch_size)
     top = build.max_batch_size if site == "lm_head" else build.max_num_tokens
     rows += [1 << i for i in range(top.bit_length()) if 1 << i < top] + [top]
-    return sorted({r for r in rows if FAST_ACCUM_TIMED_FROM <= r <= top})
+    rows = [r for r in rows if FAST_ACCUM_TIMED_FROM <= r <= top]
+    return sorted({*rows, *map(padded_rows, rows)})  # and what a padded GEMM runs
 
 
-def fast_rows_from(times: dict[int, tuple[float, float]]) -> str | None:
-    """The rows where fast accumulation runs, from each timed size's (promoted ms, fast ms):
-    a size where it was faster by FAST_ACCUM_MARGIN stands for the rows above the next smaller
+def ranges_of(timed: list[int], wins: set[int]) -> str | None:
+    """The rows the winning sizes of `timed` stand for: each those above the next smaller
     timed size up to itself (the smallest for itself alone); adjacent ranges are merged.
-    "lo-hi,lo-hi" (`cuda_fp8.fast_accum_ranges`), or None where it never won."""
+    "lo-hi,lo-hi" (`row_room.row_ranges`), or None where none won."""
     ranges: list[list[int]] = []
     prev = None
-    for rows in sorted(times):
-        promoted, fast = times[rows]
+    for rows in sorted(timed):
         lo = rows if prev is None else prev + 1
-        if fast < promoted * (1 - FAST_ACCUM_MARGIN):
+        if rows in wins:
             if ranges and ranges[-1][1] == lo - 1:
                 ranges[-1][1] = rows
             else:
@@ -66,23 +74,44 @@ def fast_rows_from(times: dict[int, tuple[float, float]]) -> str | None:
     return ",".join(f"{a}-{b}" for a, b in ranges) or None
 
 
+def faster(ms: float, than: float) -> bool:
+    return ms < than * (1 - FAST_ACCUM_MARGIN)
+
+
+def fast_rows_from(times: dict[int, tuple[float, float]]) -> str | None:
+    """The rows where fast accumulation runs, from each timed size's (promoted ms, fast ms):
+    those of the sizes where it was faster by FAST_ACCUM_MARGIN (`ranges_of`)."""
+    return ranges_of(
+        list(times), {r for r, (promoted, fast) in times.items() if faster(fast, promoted)}
+    )
+
+
+def pad_rows_from(times: dict[int, float]) -> str | None:
+    """The rows that run padded to a multiple of PAD_ROWS_TO, from each timed size's ms in the
+    mode it runs: those of the sizes whose padded size (timed too) was faster by the margin."""
+    wins = {r for r in times if padded_rows(r) in times and faster(times[padded_rows(r)], times[r])}
+    return ranges_of(list(times), wins)
+
+
 def site_of(choice: PluginChoice) -> str | None:
     return FP8_CUBLASLT_PLUGINS[choice.name] or choice.site
 
 
-def with_fp8_fast_accum(
+def with_cublaslt_choices(
     choices: list[PluginChoice],
     model: ModelConfig | None = None,
     build: BuildConfig | None = None,
     time_fn: TimeFn | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    fast_accum: bool = True,
 ) -> list[PluginChoice]:
-    """The FP8 GEMM plugins' tactics with fast accumulation where it won (every such choice
-    names a tactic: these plugins have GPU candidates, and the flag needs a GPU target).
+    """The FP8 GEMM plugins' tactics with fast accumulation (`fast_accum`: the flag) and padded
+    rows where they won (every such choice names a tactic: these plugins have GPU candidates).
     time_fn (a build on the target GPU, with model and build): each GEMM's shape is timed at
-    `timed_rows` and its choice records `fast_accum_rows` (`fast_rows_from`) and the timings
-    (`promoted@rowsR`, `fast_accum@rowsR`), or no fast accumulation where it never won;
-    without it, `fast_accum` alone (the plugin's fixed floor)."""
+    `timed_rows` and its choice records the timings (`promoted@rowsR`, `fast_accum@rowsR`),
+    `fast_accum_rows` (`fast_rows_from`; no fast accumulation where it never won) and
+    `pad_rows` (`pad_rows_from`, where padding won); without it, `fast_accum` alone (the
+    plugin's fixed floor)."""
     from ingot.compiler.tactic_select import gemm_sites
 
     sites = gemm_sites(model) if model is not None else {}
@@ -92,7 +121,7 @@ def with_fp8_fast_accum(
         if c.name not in FP8_CUBLASLT_PLUGINS:
             out.append(c)
             continue
-        params = {**(c.params or {}), "fast_accum": 1}
+        params = {**(c.params or {}), **({"fast_accum": 1} if fast_accum else {})}
         timings = dict(c.timings_ms or {})
         site = site_of(c)
         if time_fn is not None and build is not None and site in sites:
@@ -103,16 +132,21 @@ def with_fp8_fast_accum(
                 for i, r in enumerate(rows):
                     measured[site][r] = time_fn(r, n, k)
                     if progress:
-                        progress(f"timing fast accumulation ({site})", i + 1, len(rows))
+                        progress(f"timing cuBLASLt ({site})", i + 1, len(rows))
             times = measured[site]
             for r, (promoted, fast) in times.items():
                 timings[f"promoted@rows{r}"] = round(promoted, 5)
                 timings[f"fast_accum@rows{r}"] = round(fast, 5)
-            where = fast_rows_from(times)
+            where = fast_rows_from(times) if fast_accum else None
             if where is None:
-                params.pop("fast_accum")
+                params.pop("fast_accum", None)
             else:
                 params["fast_accum_rows"] = where
+            fast_on = row_ranges(where) if where else []
+            runs = {r: t[1] if in_ranges(fast_on, r) else t[0] for r, t in times.items()}
+            pad = pad_rows_from(runs)
+            if pad is not None:
+                params["pad_rows"] = pad
         out.append(dataclasses.replace(c, params=params, timings_ms=timings or None))
     return out
 

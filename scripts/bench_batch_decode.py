@@ -48,6 +48,7 @@ from ingot.plugins.attention import triton_decode as dec  # noqa: E402
 from ingot.plugins.attention import triton_decode_fp8mma as f8mma  # noqa: E402
 from ingot.plugins.attention.layout import to_v_layout  # noqa: E402
 from ingot.plugins.quant import cuda_fp8  # noqa: E402
+from ingot.plugins.quant.row_room import empty_rows, padded_rows  # noqa: E402
 from ingot.plugins.registry import Tactic  # noqa: E402
 from ingot.plugins.tactics import _median_ms, time_tactics  # noqa: E402
 
@@ -164,6 +165,9 @@ def gemms(rows, bw, M, reps):
     t = cuda_fp8.FP8_GEMM_TACTICS[0]
     fp8 = cuda_fp8.make_fp8_linear(t)
     fast = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(t))
+    pad = Tactic(t.name, t.params + (("pad_rows", "1-"),))  # rows padded to a multiple of 128
+    padded = {"": cuda_fp8.make_fp8_linear(pad),
+              "_fast_accum": cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(pad, "1-"))}  # fmt: skip
     for name, (N, K) in {**LAYER_GEMMS, "lm_head": (VOCAB, D)}.items():
         w = torch.randn(N, K, device=DEV, dtype=BF16)
         x = torch.randn(M, K, device=DEV, dtype=BF16)
@@ -175,6 +179,13 @@ def gemms(rows, bw, M, reps):
             "fp8_cublaslt_fast_accum": lambda xq=xq, wq=wq: fast(xq, wq, s, s, out_dtype=BF16),
             "bf16_torch": lambda x=x, w=w: torch.nn.functional.linear(x, w),
         }
+        if padded_rows(M) != M:  # on the room the quantizing kernels leave (row_room)
+            xr = empty_rows(M, K, torch.float8_e4m3fn, DEV)
+            xr.copy_(xq)
+            for mode, fn in padded.items():
+                calls[f"fp8_cublaslt{mode}_padded"] = lambda xr=xr, wq=wq, fn=fn: fn(
+                    xr, wq, s, s, out_dtype=BF16
+                )
         for how, fn in calls.items():
             ms = _median_ms(fn, reps)
             nbytes = N * K * (1 if how.startswith("fp8") else 2) + M * (K + N) * 2

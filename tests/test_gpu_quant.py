@@ -125,6 +125,35 @@ def test_fp8_gemm_fast_accumulation_within_the_fp8_tolerance(N, K):
         assert rel_err(out, qref.fp8_linear(x, weight, w_scale, in_scale, b)) < FP8_TOL, T
 
 
+@needs_fp8
+@pytest.mark.parametrize("T", [200, 448])
+def test_fp8_gemm_on_padded_rows_within_the_fp8_tolerance(T):
+    """A tactic's pad_rows: cuBLASLt runs the quantizing kernels' output padded to a multiple
+    of 128 rows, on the room under it (NaN poisoned here), and the rows come back finite and
+    within the FP8 tolerance of the reference (Llama-3.1-8B's gate_up shape)."""
+    from ingot.plugins.quant.row_room import padded_rows
+    from ingot.plugins.registry import Tactic
+
+    N, K = 28672, 4096
+    w = torch.randn(N, K, device=DEV) * 0.02
+    w_scale = w.abs().max() / 448
+    weight = qref.quantize_fp8(w, w_scale)
+    x = torch.randn(T, K, device=DEV, dtype=BF16)
+    norm_w = torch.rand(K, device=DEV, dtype=BF16) + 0.5
+    in_scale = torch.tensor(0.02, device=DEV)
+    xq = tq.rms_norm_quant_fp8(x, norm_w, 1e-5, in_scale)
+    room = xq.as_strided((padded_rows(T), K), (K, 1))  # the producer left the room
+    room[T:].view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+    t = cuda_fp8.FP8_GEMM_TACTICS[0]
+    for fast in (False, True):
+        tactic = Tactic(t.name, t.params + (("pad_rows", "1-"),))
+        fn = cuda_fp8.make_fp8_linear(cuda_fp8.fast_accum_tactic(tactic, "1-") if fast else tactic)
+        out = fn(xq, weight, w_scale, in_scale, out_dtype=BF16)
+        assert out.shape == (T, N) and torch.isfinite(out).all(), fast
+        ref = qref.fp8_linear(xq, weight, w_scale, in_scale, None, out_dtype=BF16)
+        assert rel_err(out, ref) < FP8_TOL, fast
+
+
 FP8_GEMVS = [t for t in cuda_fp8.FP8_GEMM_TACTICS if t.as_dict().get("max_m")]
 
 

@@ -79,7 +79,7 @@ def test_quantized_gpu_engine_agrees_with_cpu_engine(tmp_path, family, mode):
     fp8_gemms = [c for c in gpu_cfg.plugins if c.name.startswith("fp8_")]
     assert fp8_gemms or weights != "fp8"
     for c in fp8_gemms:
-        _check_fast_accum(c, fast, gpu_cfg.build)
+        _check_cublaslt(c, fast, gpu_cfg.build, timed=tactics == "auto")
     assert (quant.mode, quant.kv_cache_dtype, quant.lm_head) == (weights, kv, opts.lm_head)
     prompts = random_prompts(load_engine(cpu).config.model.vocab_size, seed=9)
     on_cpu = serve_staggered(cpu, prompts, NEW)
@@ -155,21 +155,26 @@ def test_fp8mma_decode_experiment_engine_agrees_with_cpu_engine(tmp_path, monkey
     assert strict_agreement(on_gpu, on_cpu) >= 0.95, (on_gpu, on_cpu)
 
 
-def _check_fast_accum(choice, fast: bool, build) -> None:
-    """Off unless asked for; asked for, a GEMM of a known shape was timed in both modes at
-    each of the engine's row counts, and runs fast accumulation from the rows where it won."""
-    from ingot.compiler.fast_accum import fast_rows_from, site_of, timed_rows
+def _check_cublaslt(choice, fast: bool, build, timed: bool) -> None:
+    """Fast accumulation off unless asked for; a GEMM of a known shape in a timed build was
+    timed in both modes at each of the engine's row counts, runs fast accumulation (if asked
+    for) where it won, and pads the rows whose padded size ran faster."""
+    from ingot.compiler.fast_accum import fast_rows_from, pad_rows_from, site_of, timed_rows
+    from ingot.plugins.quant.row_room import in_ranges, row_ranges
 
     params, timings = choice.params or {}, choice.timings_ms or {}
     site = site_of(choice)
-    if not fast or site is None:
-        assert bool(params.get("fast_accum")) == fast, choice
+    if not timed or site is None:
+        assert bool(params.get("fast_accum")) == fast and "pad_rows" not in params, choice
         return
     rows = timed_rows(build, site)
     times = {r: (timings[f"promoted@rows{r}"], timings[f"fast_accum@rows{r}"]) for r in rows}
-    where = fast_rows_from(times)
+    where = fast_rows_from(times) if fast else None
     assert rows and params.get("fast_accum_rows") == where, choice
     assert bool(params.get("fast_accum")) == (where is not None), choice
+    on = row_ranges(where) if where else []
+    runs = {r: t[1] if in_ranges(on, r) else t[0] for r, t in times.items()}
+    assert params.get("pad_rows") == pad_rows_from(runs), choice
 
 
 def _with_pdl(engine_dir):

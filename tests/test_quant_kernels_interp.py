@@ -65,6 +65,7 @@ else:
         for tactic in tq.QUANTIZE_TACTICS:
             out = tq.quantize_fp8(x, s, tactic=tactic)
             assert same_bits(out, qref.quantize_fp8(x, s)), tactic.name
+            assert has_padded_room(out)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     @pytest.mark.parametrize("residual", [False, True])
@@ -82,6 +83,7 @@ else:
         # the norm's sum order may move a value by one ulp of the activation dtype
         assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
         assert rel_err(out.float(), ref.float()) < 5e-2
+        assert has_padded_room(out)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
     def test_swiglu_quant_fp8(dtype):
@@ -92,6 +94,15 @@ else:
         ref = qref.swiglu_quant_fp8(x, s)
         assert (out.view(torch.uint8) != ref.view(torch.uint8)).float().mean() < 0.02
         assert rel_err(out.float(), ref.float()) < 5e-2
+        assert has_padded_room(out)
+
+    def has_padded_room(out: torch.Tensor) -> bool:
+        """The quantizing kernels' output has room for the rows an FP8 GEMM may pad it to
+        (`row_room`)."""
+        from ingot.plugins.quant.row_room import padded_rows
+
+        t, d = out.shape
+        return out.untyped_storage().nbytes() == padded_rows(t) * d
 
     @pytest.mark.parametrize("bias", [False, True])
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

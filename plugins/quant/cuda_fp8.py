@@ -23,12 +23,15 @@ torch (products of fp8 values are exact, so only the accumulation order differs)
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..gemm.cuda import gemv_ok, gemv_rows, gemv_tactic, launch_gemv
 from ..gemm.fused_norm import AddOut, NormIn, add_output, normed_input
 from ..registry import Tactic
 from .reference import fp8_matmul, fp8_operand
+from .row_room import in_ranges, padded_rows, row_ranges, with_rows
 from .triton_quantize import QUANTIZE_TACTICS, quantize_fp8
 
 # A cuBLASLt tactic is the quantize kernel's configuration (cuBLASLt picks its own algorithm);
@@ -49,6 +52,7 @@ FP8_GEMM_TACTICS: tuple[Tactic, ...] = tuple(
 # fast-accumulation pick for gate_up at 448 rows ran 34% slower (162 vs 121 us). A build on the
 # GPU times it per GEMM instead (`fast_accum_rows`); this is a cross-built engine's floor.
 FAST_ACCUM_MIN_ROWS = 512
+PAD_ROWS_ENV = "INGOT_PAD_ROWS"
 
 
 def fast_accum_tactic(t: Tactic, rows: str | None = None) -> Tactic:
@@ -56,16 +60,6 @@ def fast_accum_tactic(t: Tactic, rows: str | None = None) -> Tactic:
     ("lo-hi" ranges, comma-separated; "lo-" open-ended; None: from FAST_ACCUM_MIN_ROWS)."""
     where = () if rows is None else (("fast_accum_rows", rows),)
     return Tactic(t.name, t.params + (("fast_accum", 1),) + where)
-
-
-def fast_accum_ranges(rows: str) -> list[tuple[int, int | None]]:
-    """ "512-1024,4097-" -> [(512, 1024), (4097, None)]: the row ranges of a tactic's
-    `fast_accum_rows`, inclusive (None: no upper bound)."""
-    out = []
-    for part in rows.split(","):
-        lo, _, hi = part.partition("-")
-        out.append((int(lo), int(hi) if hi else None))
-    return out
 
 
 # fp8_gemm's candidates, first its cross-build default: the GEMV fastest at every Llama-8B
@@ -97,13 +91,18 @@ def make_fp8_linear(tactic: Tactic | None = None):
     max_m = int(params.get("max_m", 0))  # 0: cuBLASLt only
     # no ranges: fp32 promotion everywhere
     fast_rows = (
-        fast_accum_ranges(params.get("fast_accum_rows", f"{FAST_ACCUM_MIN_ROWS}-"))
+        row_ranges(params.get("fast_accum_rows", f"{FAST_ACCUM_MIN_ROWS}-"))
         if params.get("fast_accum")
         else []
     )
 
+    # rows that run on padded_rows(rows) (`row_room`; a build on the GPU timed them faster);
+    # INGOT_PAD_ROWS=0 runs them unpadded, for A/Bs on one engine
+    padding = "pad_rows" in params and os.environ.get(PAD_ROWS_ENV) != "0"
+    pad_rows = row_ranges(params["pad_rows"]) if padding else []
+
     def fast_at(rows: int) -> bool:
-        return any(a <= rows and (b is None or rows <= b) for a, b in fast_rows)
+        return in_ranges(fast_rows, rows)
 
     qtactic = None if max_m else (tactic or FP8_GEMM_TACTICS[0])
 
@@ -142,6 +141,9 @@ def make_fp8_linear(tactic: Tactic | None = None):
             return fp8_matmul(xq, weight, weight_scale, input_scale, bias, out_dtype)
         # NOTE: _scaled_mm takes a bias only in the output's dtype (and none for fp32 output).
         fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
+        rows = xq.shape[0]
+        if in_ranges(pad_rows, rows):
+            xq = with_rows(xq, padded_rows(rows))
         y = torch._scaled_mm(
             xq,
             weight.t(),
@@ -153,7 +155,7 @@ def make_fp8_linear(tactic: Tactic | None = None):
         )
         if bias is not None and not fused_bias:
             y = (y + bias.float()).to(out_dtype)
-        return y
+        return y[:rows]
 
     fp8_linear.gemv_rows = gemv_rows(max_m)  # batches whose norms may be folded in
     return fp8_linear

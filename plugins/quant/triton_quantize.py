@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
 from ..registry import Tactic
+from .row_room import empty_rows
 
 FP8_MAX = 448.0
 # the interpreter's float8 cast truncates (see the module docstring)
@@ -151,7 +152,10 @@ def quantize_fp8(
     saturated; `out` (same shape, contiguous rows) receives it if given."""
     p = (tactic or QUANTIZE_TACTICS[0]).as_dict()
     x2 = _rows(x)
-    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
+    if out is None:
+        f8 = torch.float8_e4m3fn
+        out = (empty_rows(*x.shape, f8, x.device) if x.dim() == 2
+               else torch.empty(x.shape, dtype=f8, device=x.device))  # fmt: skip
     o2 = out.view(-1, x.shape[-1])
     T, D = x2.shape
     if T == 0 or D == 0:
@@ -189,7 +193,7 @@ def rms_norm_quant_fp8(
     """
     x2 = _rows(x)
     T, D = x2.shape
-    out = torch.empty((T, D), dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
+    out = empty_rows(T, D, torch.float8_e4m3fn, x.device) if out is None else out
     has_res = residual is not None
     if has_res:
         r2 = _rows(residual)
@@ -229,9 +233,7 @@ def swiglu_quant_fp8(
     """gate_up: [T, 2I] -> fp8 [T, I] = quantize_fp8(silu(gate) * up, input_scale)."""
     x2 = _rows(gate_up)
     T, inter = x2.shape[0], x2.shape[1] // 2
-    out = (
-        torch.empty((T, inter), dtype=torch.float8_e4m3fn, device=x2.device) if out is None else out
-    )
+    out = empty_rows(T, inter, torch.float8_e4m3fn, x2.device) if out is None else out
     if T and inter:
         block = min(block, triton.next_power_of_2(inter))
         _swiglu_quant_kernel[(T, triton.cdiv(inter, block))](
