@@ -31,6 +31,7 @@
 #   gemms    the batch stage's GEMMs alone: FP8 with and without fast accumulation at the decode
 #            batches and at 8,192 rows (batch_gemms.json)                               ~40 s
 #   step     an FP8 step's small kernels (norm/SwiGLU/RoPE quantizing) at batch 512 and 8,192 tokens (step_kernels.json) ~1 min
+#   mlp      an FP8 MLP over 8,192 rows, whole and in row slices (mlp_slices.json)      ~30 s
 #   l2       decode GEMVs with the first part of their weight already in L2 (l2_prefetch.json) ~1 min
 #   grid     `ingot bench --grid standard` on the same engine shape (grid-standard.*)     ~10 min
 #   quant    BF16 / FP8 / INT4 AWQ engines of that shape (bench_quant.sh; MODES to split) ~9 min
@@ -139,6 +140,10 @@ for stage in "${@:-tests}"; do
       timeout 150 python3 scripts/bench_step_kernels.py --out "$OUT/step_kernels.json" \
         > "$OUT/step_kernels.log" 2>&1 || rc=1
       tail -14 "$OUT/step_kernels.log" ;;
+    mlp)
+      timeout 120 python3 scripts/bench_mlp_slices.py --out "$OUT/mlp_slices.json" \
+        > "$OUT/mlp_slices.log" 2>&1 || rc=1
+      tail -14 "$OUT/mlp_slices.log" ;;
     l2)
       timeout 200 python3 scripts/bench_l2_prefetch.py --out "$OUT/l2_prefetch.json" \
         > "$OUT/l2_prefetch.log" 2>&1 || rc=1
