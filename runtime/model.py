@@ -7,7 +7,6 @@ paged-KV metadata the C++ scheduler produced. Weights use the canonical names of
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +22,6 @@ from .distributed import vocab_range
 from .engine import EngineConfig
 from .kv_cache import KVCache
 from .linear import make_linear
-
-MLP_SLICE_ENV = "INGOT_MLP_SLICE_ROWS"
 
 # the largest forward pass (tokens) that uses programmatic dependent launch (Decoder.uses_pdl)
 PDL_MAX_ROWS = 8
@@ -210,9 +207,6 @@ class Decoder:
         else:
             self._lm_head = ops.at("gemm", "lm_head")
         self.fold_rows = self.norm_fold_rows(quant)
-        # A/B switch, not an engine option: INGOT_MLP_SLICE_ROWS=N runs the MLP of passes over
-        # more than N tokens N rows at a time (`_mlp_in_slices`)
-        self.mlp_slice_rows = int(os.environ.get(MLP_SLICE_ENV, "0") or 0)
 
     def norm_fold_rows(self, quant: QuantConfig) -> int:
         """The largest pass (tokens) whose norms fold into the decode GEMVs around them
@@ -379,20 +373,6 @@ class Decoder:
             self.comm.all_reduce_(out)  # row-parallel down: [T, D] partial sums
         return out
 
-    def _mlp_in_slices(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer i's MLP over x's rows, `mlp_slice_rows` at a time when there are more (an FP8
-        engine without tensor parallelism): a slice's gate_up output (29 MB at 512 rows of
-        Llama-3.1-8B) may stay in L2 for the SwiGLU kernel after it, where a prefill chunk's
-        (470 MB at 8,192 rows) goes to memory and back (scripts/bench_mlp_slices.py). The rows
-        are independent, so the result is each row's own."""
-        n = self.mlp_slice_rows
-        if not (self.fp8_fused and self.comm is None and 0 < n < x.shape[0]):
-            return self._mlp(i, x)
-        out = torch.empty((x.shape[0], self.cfg.hidden_size), dtype=self.dtype, device=x.device)
-        for a in range(0, x.shape[0], n):
-            out[a : a + n] = self._mlp(i, x[a : a + n])
-        return out
-
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [T] -> [T, D]. tp: each rank looks up its vocabulary slice (other ids
         give zeros), then the ranks sum."""
@@ -466,7 +446,7 @@ class Decoder:
                 x, residual = self._norm(
                     a, residual, w[f"layers.{i}.mlp_norm.weight"], f"layers.{i}.mlp.gate_up"
                 )
-                m = self._mlp_in_slices(i, x)
+                m = self._mlp(i, x)
                 if i + 1 < c.num_layers:
                     nxt = f"layers.{i + 1}.attn"
                     x, residual = self._norm(m, residual, w[nxt + "_norm.weight"], nxt + ".qkv")

@@ -408,38 +408,6 @@ def test_fp8_engine_fuses_quantization_into_norm_and_swiglu(quantized, tmp_path)
     assert not torch.equal(prompt_logits(), fused)
 
 
-def test_fp8_mlp_in_row_slices_gives_the_same_bits(quantized, tmp_path, monkeypatch):
-    """INGOT_MLP_SLICE_ROWS=N (an A/B switch): an FP8 engine's passes over more than N tokens
-    run each layer's MLP N rows at a time; every row is its own, so the logits are the same
-    bits, and passes of at most N tokens run it whole."""
-    from ingot.compiler.build import build_engine
-    from ingot.runtime.engine import load_engine
-    from ingot.runtime.executor import Executor
-    from ingot.runtime.model import MLP_SLICE_ENV
-    from ingot.runtime.types import SamplingParams
-
-    engine = build_engine(quantized["fp8"], tmp_path / "engine", target="cpu")
-    prompt = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    params = SamplingParams(max_new_tokens=3, return_prompt_logits=True)
-
-    def run(slice_rows: str):
-        monkeypatch.setenv(MLP_SLICE_ENV, slice_rows)
-        ex = Executor(load_engine(engine), enable_prefix_reuse=False)
-        rows = []
-        mlp = ex.decoder._mlp
-        monkeypatch.setattr(ex.decoder, "_mlp", lambda i, x: rows.append(len(x)) or mlp(i, x))
-        req = ex.add_request(prompt, params)
-        ex.run_until_done()
-        return torch.cat(req.prompt_logits), req.output_ids, rows
-
-    whole, out, rows = run("0")
-    layers = load_engine(engine).config.model.num_layers
-    assert rows == [40] * layers + [1] * (2 * layers)
-    sliced, out_sliced, rows = run("16")
-    assert rows == [16, 16, 8] * layers + [1] * (2 * layers)
-    assert torch.equal(sliced, whole) and out_sliced == out
-
-
 def test_fp8_kv_decode_v_stored_by_attention(quantized, tmp_path):
     """An FP8 KV engine storing the decode rows' V in paged_attention (new_v, the Decoder's
     decode_writes_v option) instead of the RoPE kernel: the same tokens and the same KV pool
