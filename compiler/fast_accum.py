@@ -133,10 +133,11 @@ def with_cublaslt_choices(
                     measured[site][r] = time_fn(r, n, k)
                     if progress:
                         progress(f"timing cuBLASLt ({site})", i + 1, len(rows))
-            times = measured[site]
+            # decided on the timings as recorded, so the plugin table reproduces its choices
+            times = {r: (round(p, 5), round(f, 5)) for r, (p, f) in measured[site].items()}
             for r, (promoted, fast) in times.items():
-                timings[f"promoted@rows{r}"] = round(promoted, 5)
-                timings[f"fast_accum@rows{r}"] = round(fast, 5)
+                timings[f"promoted@rows{r}"] = promoted
+                timings[f"fast_accum@rows{r}"] = fast
             where = fast_rows_from(times) if fast_accum else None
             if where is None:
                 params.pop("fast_accum", None)

@@ -167,10 +167,10 @@ def _check_cublaslt(choice, fast: bool, build, timed: bool) -> None:
     if not timed or site is None:
         assert bool(params.get("fast_accum")) == fast and "pad_rows" not in params, choice
         return
-    rows = timed_rows(build, site)
+    rows = timed_rows(build, site)  # none for an lm_head under 16 sequences: nothing timed
     times = {r: (timings[f"promoted@rows{r}"], timings[f"fast_accum@rows{r}"]) for r in rows}
     where = fast_rows_from(times) if fast else None
-    assert rows and params.get("fast_accum_rows") == where, choice
+    assert params.get("fast_accum_rows") == where, choice
     assert bool(params.get("fast_accum")) == (where is not None), choice
     on = row_ranges(where) if where else []
     runs = {r: t[1] if in_ranges(on, r) else t[0] for r, t in times.items()}
