@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One round on the GPU machine: install ingot, then run the chosen stages, writing logs and JSON
-# under $OUT (the device tool's output folder). Each stage fits one 10-minute device call.
+# under $OUT (the device tool's output folder), packed at the end into $OUT/results.tgz (the
+# tool returns 8 files at most; unpack with `tar xzf .../results.tgz -C DIR` here). Each stage
+# fits one 10-minute device call.
 #
 # Usage: bash scripts/device_check.sh STAGE...
 #   tests    every `pytest -m gpu` test (kernels, AOT bundles, GPU engines end to end)   ~6 min
@@ -162,7 +164,12 @@ for stage in "${@:-tests}"; do
       [[ -f "$OUT/quant/laps_utc.txt" ]] && python3 scripts/clock_report.py "$OUT/smi.csv" \
         "$OUT/quant/laps_utc.txt" --out "$OUT/quant_clocks.json"
       tail -40 "$OUT/quant.log" ;;
-    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|attnshort|fp8gemv|batch|overlap|ncu|gemms|step|l2|grid|quant)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests|tests-kernels|tests-e2e|kernels|bench|w4|attn|attnshort|fp8gemv|batch|overlap|ncu|gemms|step|mlp|l2|grid|quant)"; exit 2 ;;
   esac
 done
+# NOTE: the device tool returns at most 8 files from $OUT, 2 folders down: everything goes back
+# as results.tgz alone (`tar xzf results.tgz` here; a call cut short leaves the files as they are)
+kill $smi_all 2>/dev/null
+tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+  && mv /tmp/results.tgz "$OUT/results.tgz"
 exit $rc
