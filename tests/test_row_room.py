@@ -126,3 +126,18 @@ def test_the_ab_switch_runs_pad_rows_unpadded(monkeypatch, scaled_mm_calls):
     for fn in (off, on):
         assert fn(_nan_padded(200, 32), w, one, one, out_dtype=torch.bfloat16).shape == (200, 16)
     assert [c[0] for c in scaled_mm_calls] == [200, 256]
+
+
+def test_fp8_attention_output_leaves_room_for_the_o_projection():
+    """The attention kernels' FP8 output (the o projection's input) has the room too, also as
+    the [T, Hq * hd] rows the projection takes; a model-dtype output is allocated as it is."""
+    from ingot.plugins.attention.triton_decode import empty_out
+
+    q = torch.empty(200, 4, 8, dtype=torch.bfloat16)
+    o = empty_out(q, torch.tensor(0.5))
+    assert o.shape == q.shape and o.dtype == F8
+    rows = o.reshape(-1, 32)
+    assert with_rows(rows, 256).data_ptr() == rows.data_ptr()
+    plain = empty_out(q, None)
+    assert plain.dtype == q.dtype and plain.untyped_storage().nbytes() == q.numel() * 2
+    assert empty_out(q[:0], torch.tensor(0.5)).shape == (0, 4, 8)

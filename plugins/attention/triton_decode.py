@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import launch_options, pdl_begin
+from ..quant.row_room import empty_rows
 from ..quant.triton_quantize import quant_fp8
 from ..registry import Tactic, joined_tactic
 from .layout import SHORT_CONTEXT, check_kv_layout, is_transposed
@@ -557,9 +558,12 @@ def _merge_splits(
 
 
 def empty_out(q: torch.Tensor, out_scale: torch.Tensor | None) -> torch.Tensor:
-    """The attention output buffer: q's shape, in q's dtype or FP8 (quantized with out_scale)."""
-    return torch.empty(q.shape, dtype=q.dtype if out_scale is None else torch.float8_e4m3fn,
-                       device=q.device)  # fmt: skip
+    """The attention output buffer: q's shape, in q's dtype or FP8 (quantized with out_scale;
+    then with room for the rows the FP8 o projection may pad it to: `row_room`)."""
+    if out_scale is None:
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    flat = empty_rows(q.shape[0], math.prod(q.shape[1:]), torch.float8_e4m3fn, q.device)
+    return flat.view(q.shape)
 
 
 def merge_splits(g: int, d_pad: int, num_warps: int) -> int:
