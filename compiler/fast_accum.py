@@ -93,6 +93,13 @@ def pad_rows_from(times: dict[int, float]) -> str | None:
     return ranges_of(list(times), wins)
 
 
+def pad_rows_of(times: dict[int, tuple[float, float]], fast_where: str | None) -> str | None:
+    """`pad_rows_from` on each timed size's (promoted ms, fast ms) in the mode it runs: fast
+    on the rows of `fast_where` (`fast_accum_rows`, None: nowhere)."""
+    on = row_ranges(fast_where) if fast_where else []
+    return pad_rows_from({r: t[1] if in_ranges(on, r) else t[0] for r, t in times.items()})
+
+
 def site_of(choice: PluginChoice) -> str | None:
     return FP8_CUBLASLT_PLUGINS[choice.name] or choice.site
 
@@ -143,9 +150,7 @@ def with_cublaslt_choices(
                 params.pop("fast_accum", None)
             else:
                 params["fast_accum_rows"] = where
-            fast_on = row_ranges(where) if where else []
-            runs = {r: t[1] if in_ranges(fast_on, r) else t[0] for r, t in times.items()}
-            pad = pad_rows_from(runs)
+            pad = pad_rows_of(times, where)
             if pad is not None:
                 params["pad_rows"] = pad
         out.append(dataclasses.replace(c, params=params, timings_ms=timings or None))

@@ -159,8 +159,7 @@ def _check_cublaslt(choice, fast: bool, build, timed: bool) -> None:
     """Fast accumulation off unless asked for; a GEMM of a known shape in a timed build was
     timed in both modes at each of the engine's row counts, runs fast accumulation (if asked
     for) where it won, and pads the rows whose padded size ran faster."""
-    from ingot.compiler.fast_accum import fast_rows_from, pad_rows_from, site_of, timed_rows
-    from ingot.plugins.quant.row_room import in_ranges, row_ranges
+    from ingot.compiler.fast_accum import fast_rows_from, pad_rows_of, site_of, timed_rows
 
     params, timings = choice.params or {}, choice.timings_ms or {}
     site = site_of(choice)
@@ -172,9 +171,7 @@ def _check_cublaslt(choice, fast: bool, build, timed: bool) -> None:
     where = fast_rows_from(times) if fast else None
     assert params.get("fast_accum_rows") == where, choice
     assert bool(params.get("fast_accum")) == (where is not None), choice
-    on = row_ranges(where) if where else []
-    runs = {r: t[1] if in_ranges(on, r) else t[0] for r, t in times.items()}
-    assert params.get("pad_rows") == pad_rows_from(runs), choice
+    assert params.get("pad_rows") == pad_rows_of(times, where), choice
 
 
 def _with_pdl(engine_dir):

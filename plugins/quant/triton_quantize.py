@@ -153,9 +153,7 @@ def quantize_fp8(
     p = (tactic or QUANTIZE_TACTICS[0]).as_dict()
     x2 = _rows(x)
     if out is None:
-        f8 = torch.float8_e4m3fn
-        out = (empty_rows(*x.shape, f8, x.device) if x.dim() == 2
-               else torch.empty(x.shape, dtype=f8, device=x.device))  # fmt: skip
+        out = empty_rows(*x2.shape, torch.float8_e4m3fn, x.device).view(x.shape)
     o2 = out.view(-1, x.shape[-1])
     T, D = x2.shape
     if T == 0 or D == 0:
